@@ -1,0 +1,3 @@
+from hbmserve.cluster.cli import main
+
+main()

@@ -1,0 +1,131 @@
+"""How many standby replicas to keep per tier: dollars of idle capacity against SLO misses.
+
+The model (deliberately simple, every term explicit):
+
+* Demand. The arrival rate a horizon T from now is Normal(mu_T, sigma²) with
+  mu_T = level + max(slope, 0)·T (the smoothed rate and its rising trend) and sigma the
+  exponentially weighted spread of the observed rate around its level (RateTrend). A bursty
+  past widens sigma, so the pool grows where traffic has shown it surges.
+* Capacity. One replica serves `replica_rps` at the target utilisation. The `target_active`
+  replicas cover H = target_active·replica_rps.
+* The k-th hot standby is used within the warm start-up time T_warm when demand climbs past
+  the active fleet plus the k-1 standbys before it:
+      P_k = P(rate(T_warm) > H + (k-1)·replica_rps).
+  When used it saves (T_warm - T_hot) seconds of a replica's work that would otherwise queue
+  past the SLO: about replica_max_rps·(T_warm - T_hot) requests, each costing `slo_miss_usd`.
+  Holding it costs hot_idle_usd_per_hour·T_warm/3600 over the same window. Keep the k-th while
+      P_k · slo_miss_usd · replica_max_rps · (T_warm - T_hot)
+          >  hot_idle_usd_per_hour · T_warm / 3600.
+  P_k falls with k, so the first k that fails ends the pool.
+* The j-th warm node is the same trade one tier down: demand past the active fleet and all
+  hot standbys within the cold start-up time T_cold, saving (T_cold - T_warm) seconds of a
+  replica, against warm_idle_usd_per_hour·T_cold/3600.
+* The cold tier is unbounded and costs nothing idle, so it is never pooled.
+
+Bounds per tier (min, max) clamp the result, and standbys never exceed max_replicas minus the
+active target: a standby that can never be promoted is pure cost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hbmserve.autoscale.signals import RateTrend
+from hbmserve.autoscale.types import Tier
+
+
+@dataclass(frozen=True)
+class PoolEconomics:
+    hot_idle_usd_per_hour: float
+    warm_idle_usd_per_hour: float
+    slo_miss_usd: float
+
+
+@dataclass(frozen=True)
+class PoolSizing:
+    hot: int
+    warm: int
+    reason: str
+
+
+def prob_rate_exceeds(mu: float, sigma: float, threshold: float) -> float:
+    if sigma <= 0.0:
+        return 1.0 if mu > threshold else 0.0
+    return 0.5 * math.erfc((threshold - mu) / (sigma * math.sqrt(2.0)))
+
+
+def _count_worth_keeping(
+    *,
+    mu: float,
+    sigma: float,
+    covered_rps: float,
+    replica_rps: float,
+    saving_per_use_usd: float,
+    idle_cost_usd: float,
+    upper: int,
+) -> tuple[int, float]:
+    """How many standbys pay for themselves, and the use probability of the last one kept
+    (or of the first one refused, when none is kept)."""
+    kept = 0
+    probability = prob_rate_exceeds(mu, sigma, covered_rps)
+    while kept < upper:
+        probability = prob_rate_exceeds(mu, sigma, covered_rps + kept * replica_rps)
+        if probability * saving_per_use_usd <= idle_cost_usd:
+            break
+        kept += 1
+    return kept, probability
+
+
+def size_pool(
+    *,
+    target_active: int,
+    trend: RateTrend,
+    replica_rps: float,
+    replica_max_rps: float,
+    startup_s: dict[Tier, float],
+    economics: PoolEconomics,
+    hot_bounds: tuple[int, int],
+    warm_bounds: tuple[int, int],
+    max_replicas: int,
+) -> PoolSizing:
+    room = max(0, max_replicas - target_active)
+    t_hot, t_warm, t_cold = startup_s[Tier.HOT], startup_s[Tier.WARM], startup_s[Tier.COLD]
+    covered = target_active * replica_rps
+
+    hot_saving = economics.slo_miss_usd * replica_max_rps * max(0.0, t_warm - t_hot)
+    hot_idle = economics.hot_idle_usd_per_hour * t_warm / 3600.0
+    mu_warm = trend.projected(t_warm)
+    hot_model, p_hot = _count_worth_keeping(
+        mu=mu_warm,
+        sigma=trend.sigma,
+        covered_rps=covered,
+        replica_rps=replica_rps,
+        saving_per_use_usd=hot_saving,
+        idle_cost_usd=hot_idle,
+        upper=min(hot_bounds[1], room),
+    )
+    hot = min(max(hot_model, hot_bounds[0]), hot_bounds[1], room)
+
+    warm_saving = economics.slo_miss_usd * replica_max_rps * max(0.0, t_cold - t_warm)
+    warm_idle = economics.warm_idle_usd_per_hour * t_cold / 3600.0
+    mu_cold = trend.projected(t_cold)
+    warm_room = max(0, room - hot)
+    warm_model, p_warm = _count_worth_keeping(
+        mu=mu_cold,
+        sigma=trend.sigma,
+        covered_rps=covered + hot * replica_rps,
+        replica_rps=replica_rps,
+        saving_per_use_usd=warm_saving,
+        idle_cost_usd=warm_idle,
+        upper=min(warm_bounds[1], warm_room),
+    )
+    warm = min(max(warm_model, warm_bounds[0]), warm_bounds[1], warm_room)
+
+    reason = (
+        f"pool hot {hot} (P(use)={p_hot:.2f} × saves ${hot_saving:.3f} vs idle ${hot_idle:.3f}"
+        f" per {t_warm:.0f}s; rate {mu_warm:.2f}±{trend.sigma:.2f} rps vs {covered:.2f} covered),"
+        f" warm {warm} (P(use)={p_warm:.2f} × saves ${warm_saving:.3f} vs idle ${warm_idle:.3f}"
+        f" per {t_cold:.0f}s)"
+    )
+    return PoolSizing(hot=hot, warm=warm, reason=reason)

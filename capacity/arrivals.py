@@ -1,0 +1,165 @@
+"""Request arrivals: trace files (CSV, JSONL) and synthetic Poisson / gamma-bursty generators.
+
+All sources produce one `Arrivals` value: parallel numpy arrays sorted by time, plus optional
+per-request prefix hash ids. Readers are kept apart from generators; generators are seeded and
+pure (same seed, same arrivals).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    t: np.ndarray  # seconds, sorted
+    prompt: np.ndarray  # int64 tokens
+    output: np.ndarray  # int64 tokens (max_tokens; the request generates exactly this many)
+    hashes: tuple[tuple[int, ...], ...] | None = None  # prefix block hash ids per request
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.t[-1] - self.t[0]) if len(self.t) else 0.0
+
+    def window(self, start_s: float, end_s: float) -> Arrivals:
+        """Requests arriving in [start, end), re-based to start at 0."""
+        lo, hi = np.searchsorted(self.t, [start_s, end_s])
+        hs = self.hashes[lo:hi] if self.hashes is not None else None
+        return Arrivals(self.t[lo:hi] - start_s, self.prompt[lo:hi], self.output[lo:hi], hs)
+
+    def scaled(self, time_scale: float = 1.0) -> Arrivals:
+        """Stretch (>1) or compress (<1) inter-arrival times; the rate divides by time_scale."""
+        return Arrivals(self.t * time_scale, self.prompt, self.output, self.hashes)
+
+    def clipped(self, max_model_len: int) -> Arrivals:
+        """Shorten prompts so prompt + output fits max_model_len (outputs first capped at half)."""
+        out = np.minimum(self.output, max(1, max_model_len // 2))
+        prompt = np.clip(np.minimum(self.prompt, max_model_len - out), 1, None)
+        return Arrivals(self.t, prompt.astype(np.int64), out.astype(np.int64), self.hashes)
+
+    def rate_peak(self, window_s: float = 60.0) -> float:
+        """Highest request rate over any aligned window (requests per second)."""
+        if not len(self.t):
+            return 0.0
+        counts = np.bincount((self.t // window_s).astype(np.int64))
+        return float(counts.max()) / window_s
+
+
+def _finish(t: list[float], p: list[int], o: list[int], hs: list[tuple[int, ...]] | None, src: str) -> Arrivals:
+    if not t:
+        raise TraceError(f"trace {src} has no requests")
+    ta = np.asarray(t, dtype=np.float64)
+    order = np.argsort(ta, kind="stable")
+    hashes = tuple(hs[i] for i in order) if hs is not None else None
+    return Arrivals(ta[order] - ta[order][0], np.asarray(p, dtype=np.int64)[order],
+                    np.asarray(o, dtype=np.int64)[order], hashes)
+
+
+def read_csv_trace(path: str | os.PathLike[str]) -> Arrivals:
+    """CSV with columns arrived_at, num_prefill_tokens, num_decode_tokens (Vidur / Azure layout)."""
+    p = Path(path)
+    t: list[float] = []
+    pr: list[int] = []
+    out: list[int] = []
+    with p.open(newline="") as f:
+        reader = csv.DictReader(f)
+        need = {"arrived_at", "num_prefill_tokens", "num_decode_tokens"}
+        missing = need - set(reader.fieldnames or ())
+        if missing:
+            raise TraceError(f"trace {p}: missing column(s) {', '.join(sorted(missing))}")
+        for line, row in enumerate(reader, start=2):
+            try:
+                t.append(float(row["arrived_at"]))
+                pr.append(int(float(row["num_prefill_tokens"])))
+                out.append(int(float(row["num_decode_tokens"])))
+            except (TypeError, ValueError):
+                raise TraceError(f"trace {p} line {line}: not a number in {row}") from None
+    return _finish(t, pr, out, None, str(p))
+
+
+def read_jsonl_trace(path: str | os.PathLike[str]) -> Arrivals:
+    """JSONL, one object per line: timestamp (ms, Mooncake) or arrived_at (s), input_length,
+    output_length, optional hash_ids."""
+    p = Path(path)
+    t: list[float] = []
+    pr: list[int] = []
+    out: list[int] = []
+    hs: list[tuple[int, ...]] = []
+    any_hash = False
+    with p.open() as f:
+        for line, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+                ts = float(obj["arrived_at"]) if "arrived_at" in obj else float(obj["timestamp"]) / 1000.0
+                pr.append(int(obj["input_length"]))
+                out.append(int(obj["output_length"]))
+                h = tuple(int(x) for x in obj.get("hash_ids") or ())
+            except (KeyError, TypeError, ValueError, json.JSONDecodeError) as err:
+                raise TraceError(f"trace {p} line {line}: {type(err).__name__}: {err}") from None
+            t.append(ts)
+            any_hash = any_hash or bool(h)
+            hs.append(h)
+    return _finish(t, pr, out, hs if any_hash else None, str(p))
+
+
+def read_trace(path: str | os.PathLike[str]) -> Arrivals:
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"trace file not found: {p}")
+    if p.suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        return read_jsonl_trace(p)
+    return read_csv_trace(p)
+
+
+# ---- synthetic ----------------------------------------------------------------------------------
+
+def _lengths(rng: np.random.Generator, n: int, mean: float, cv: float) -> np.ndarray:
+    if cv <= 0:
+        return np.full(n, max(1, round(mean)), dtype=np.int64)
+    sigma2 = np.log(1 + cv * cv)
+    mu = np.log(mean) - sigma2 / 2
+    return np.maximum(1, np.rint(rng.lognormal(mu, np.sqrt(sigma2), n))).astype(np.int64)
+
+
+def gamma_arrivals(rate_rps: float, duration_s: float, cv: float = 1.0, prompt_tokens: float = 1000,
+                   output_tokens: float = 200, length_cv: float = 0.0, seed: int = 0) -> Arrivals:
+    """Renewal process with gamma inter-arrival times: cv=1 is Poisson, cv>1 is bursty."""
+    if rate_rps <= 0 or duration_s <= 0:
+        raise TraceError("rate and duration must be > 0")
+    rng = np.random.default_rng(seed)
+    n_guess = int(rate_rps * duration_s * 1.2 + 10 * np.sqrt(rate_rps * duration_s) + 10)
+    shape = 1.0 / (cv * cv)
+    gaps = rng.gamma(shape, 1.0 / (rate_rps * shape), n_guess)
+    t = np.cumsum(gaps)
+    while t[-1] < duration_s:
+        more = np.cumsum(rng.gamma(shape, 1.0 / (rate_rps * shape), n_guess)) + t[-1]
+        t = np.concatenate([t, more])
+    t = t[t < duration_s]
+    n = len(t)
+    return Arrivals(t, _lengths(rng, n, prompt_tokens, length_cv), _lengths(rng, n, output_tokens, length_cv))
+
+
+def poisson_arrivals(rate_rps: float, duration_s: float, prompt_tokens: float = 1000,
+                     output_tokens: float = 200, length_cv: float = 0.0, seed: int = 0) -> Arrivals:
+    return gamma_arrivals(rate_rps, duration_s, 1.0, prompt_tokens, output_tokens, length_cv, seed)
+
+
+def closed_loop_lengths(n: int, prompt_tokens: int, output_tokens: int) -> Arrivals:
+    """n identical requests all at t=0 (a closed-loop driver releases them as clients free up)."""
+    return Arrivals(np.zeros(n), np.full(n, prompt_tokens, dtype=np.int64),
+                    np.full(n, output_tokens, dtype=np.int64))

@@ -1,0 +1,288 @@
+"""`hbmserve simulate` and `hbmserve plan`: the capacity planner's command line.
+
+Registered through `register(app)`. Heavy imports (numpy, the simulator, matplotlib) happen
+inside the commands so `hbmserve --help` stays fast. Bad input prints one `error: ...` line and
+exits 2; an infeasible plan prints the closest plan and exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+EXIT_INFEASIBLE = 1
+EXIT_BAD_INPUT = 2
+
+
+def _fail(msg: str) -> typer.Exit:
+    typer.echo(f"error: {msg}", err=True)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    from hbmserve.cluster.config import ConfigError
+
+    from .arrivals import TraceError
+    from .engine_core import EngineConfigError
+    from .hardware import CatalogError
+    from .model_shape import ModelConfigError
+    from .scenario import ScenarioError
+
+    return (ConfigError, CatalogError, ModelConfigError, TraceError, ScenarioError, EngineConfigError)
+
+
+def _arrivals(trace: Optional[Path], rate: Optional[float], duration: float, prompt: float, output: float,
+              burstiness: float, seed: int, time_scale: float):
+    from .arrivals import gamma_arrivals, read_trace
+
+    if trace is not None:
+        arr = read_trace(trace)
+        return arr.scaled(time_scale) if time_scale != 1.0 else arr
+    if rate is None:
+        raise _fail("give --trace FILE or --rate RPS")
+    if rate <= 0 or duration <= 0 or burstiness <= 0:
+        raise _fail("--rate, --duration and --burstiness must be > 0")
+    return gamma_arrivals(rate, duration, burstiness, prompt, output, length_cv=0.5, seed=seed)
+
+
+def _progress(enabled: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(), console=Console(stderr=True), transient=True, disable=not enabled)
+
+
+def _fmt(v: float | None, scale: float = 1.0, digits: int = 3) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * scale:.{digits}f}"
+
+
+def _load_policy(ref: str, model_spec: Any):
+    """`module:factory` where factory(model_spec) -> (policy(snapshot, state), initial_state)."""
+    import importlib
+
+    mod_name, _, attr = ref.partition(":")
+    if not attr:
+        raise _fail(f"--policy must look like module:factory, not {ref!r}")
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise _fail(f"--policy {ref}: {err}") from None
+    return factory(model_spec)
+
+
+def simulate_cmd(
+    config: Annotated[Path, typer.Option("--config", help="cluster YAML (cluster/config.py schema)")],
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="CSV (arrived_at,num_prefill_tokens,"
+                                                  "num_decode_tokens) or JSONL trace")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    model: Annotated[Optional[str], typer.Option("--model", help="model name in the config (default: first)")] = None,
+    rate: Annotated[Optional[float], typer.Option("--rate", help="synthetic arrivals (req/s) when no trace")] = None,
+    duration: Annotated[float, typer.Option("--duration", help="synthetic trace length, seconds")] = 600.0,
+    prompt_tokens: Annotated[float, typer.Option("--prompt-tokens", help="synthetic mean prompt")] = 1000.0,
+    output_tokens: Annotated[float, typer.Option("--output-tokens", help="synthetic mean output")] = 200.0,
+    burstiness: Annotated[float, typer.Option("--burstiness", help="gamma CV of gaps: 1 Poisson, >1 bursty")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    time_scale: Annotated[float, typer.Option("--time-scale", help="stretch trace time (0.5 = 2x rate)")] = 1.0,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="override the catalog GPU")] = None,
+    model_config: Annotated[Optional[str], typer.Option("--model-config", help="override the model shape "
+                                                        "(config.json or shipped name)")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="override max_model_len")] = None,
+    clip: Annotated[bool, typer.Option("--clip/--no-clip", help="shorten requests that exceed "
+                                       "max_model_len instead of rejecting them")] = False,
+    policy: Annotated[Optional[str], typer.Option("--policy", help="module:factory returning "
+                                                  "(policy, state) for the model spec")] = None,
+    interval: Annotated[float, typer.Option("--decision-interval", help="policy period, seconds")] = 10.0,
+    startup_hot: Annotated[float, typer.Option("--startup-hot")] = 5.0,
+    startup_warm: Annotated[float, typer.Option("--startup-warm")] = 60.0,
+    startup_cold: Annotated[float, typer.Option("--startup-cold")] = 600.0,
+    catalog: Annotated[Optional[Path], typer.Option("--catalog", help="hardware catalog YAML")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="write a time-series PNG")] = None,
+    series: Annotated[Optional[Path], typer.Option("--series", help="write the per-second time series "
+                                                   "(and scaling decisions) as JSON")] = None,
+) -> None:
+    """Replay a trace (or synthetic load) through a simulated cluster and report latency and cost."""
+    import time
+
+    from hbmserve.autoscale.types import Tier
+    from hbmserve.cluster.config import load_cluster_spec
+
+    from .cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
+    from .hardware import load_catalog
+    from .scenario import scenario_for
+
+    try:
+        spec = load_cluster_spec(config)
+        m = spec.model(model) if model else spec.models[0]
+        if m is None:
+            raise _fail(f"--model {model!r} is not in {config} ({', '.join(x.name for x in spec.models)})")
+        sc = scenario_for(m, load_catalog(catalog), gpu, model_config, max_model_len)
+        arr = _arrivals(trace, rate, duration, prompt_tokens, output_tokens, burstiness, seed, time_scale)
+    except _user_errors() as err:
+        raise _fail(str(err)) from None
+    if clip:
+        arr = arr.clipped(sc.engine.max_model_len)
+    binding = None
+    if policy:
+        pol, state = _load_policy(policy, m)
+        binding = PolicyBinding(pol, state, interval, startup_s={Tier.HOT: startup_hot, Tier.WARM: startup_warm,
+                                                                 Tier.COLD: startup_cold})
+    cluster = SimCluster(sc.deployment, sc.engine, sc.replicas, SLOSpec(sc.slo_ttft_s, sc.slo_tpot_s),
+                         sc.usd_per_gpu_hour)
+    with _progress(not json_out) as bar:
+        bar.add_task(f"simulating {len(arr)} requests", total=None)
+        t0 = time.perf_counter()
+        result = simulate(cluster, arr, binding)
+        wall = time.perf_counter() - t0
+    s = result.summary
+    out = {**s.to_json_dict(), "sim_wall_s": wall, "model": m.name, "gpu": sc.deployment.gpu.name,
+           "model_shape": sc.deployment.model.name, "tp": sc.deployment.tp, "pp": sc.deployment.pp,
+           "replicas": sc.replicas, "usd_per_gpu_hour": sc.usd_per_gpu_hour}
+    if plot is not None:
+        from .plots import plot_timeseries
+
+        plot_timeseries(result, plot, f"{m.name}: {sc.deployment.model.name} on {sc.deployment.gpu.name} "
+                                      f"TP{sc.deployment.tp}, {len(arr)} requests")
+    if series is not None:
+        ts = {k: [None if x != x else float(x) for x in v] for k, v in result.timeseries.items()}  # NaN -> null
+        series.write_text(json.dumps({"series": ts, "decisions": [list(d) for d in result.decisions]}))
+    if json_out:
+        typer.echo(json.dumps(out))
+        return
+    _print_sim(out, s.rejected)
+    if plot is not None:
+        typer.echo(f"time series written to {plot}")
+
+
+def _print_sim(out: dict[str, Any], rejected: int) -> None:
+    from rich.table import Table
+
+    c = _console()
+    c.print(f"[bold]{out['model']}[/]: {out['model_shape']} on {out['gpu']} TP{out['tp']} PP{out['pp']}, "
+            f"{out['replicas']} replica(s) at start")
+    t = Table("latency (s)", "p50", "p90", "p95", "p99", "mean")
+    for k in ("ttft", "tpot", "itl", "e2e"):
+        t.add_row(k.upper(), *(_fmt(out[f"{k}_{q}_s"], digits=4) for q in ("p50", "p90", "p95", "p99", "mean")))
+    c.print(t)
+    r = Table("metric", "value")
+    rows = [("requests finished / total", f"{out['finished']} / {out['requests']}"),
+            ("rejected (over max_model_len)", str(rejected)), ("unfinished", str(out["unfinished"])),
+            ("goodput (req/s meeting every SLO)", _fmt(out["goodput_rps"])),
+            ("SLO attainment", f"{out['slo_attainment']:.2%}"), ("preemptions", str(out["preemptions"])),
+            ("GPU-hours", _fmt(out["gpu_hours"])), ("cost", f"${out['cost_usd']:.2f}"),
+            ("$ per million output tokens", _fmt(out["usd_per_mtok"])),
+            ("output tokens/s", _fmt(out["output_tok_s"], digits=1)),
+            ("mean / peak replicas", f"{out['mean_replicas']:.2f} / {out['peak_replicas']}"),
+            ("simulated span / wall", f"{out['makespan_s']:.0f} s / {out['sim_wall_s']:.2f} s")]
+    for k, v in rows:
+        r.add_row(k, v)
+    c.print(r)
+    if rejected:
+        c.print(f"[yellow]{rejected} requests exceed max_model_len; raise it or pass --clip[/]")
+
+
+def plan_cmd(
+    model: Annotated[str, typer.Option("--model", help="config.json path or shipped shape name")],
+    slo_ttft_p95: Annotated[float, typer.Option("--slo-ttft-p95", help="seconds")],
+    slo_tpot_p95: Annotated[float, typer.Option("--slo-tpot-p95", help="seconds")],
+    rate: Annotated[Optional[float], typer.Option("--rate", help="mean requests/s (Poisson)")] = None,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="CSV or JSONL trace")] = None,
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="comma list, e.g. h100,h200 "
+                                                "(default: every GPU in the catalog)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print a JSON list of plans")] = False,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="write the cost/latency frontier PNG")] = None,
+    top: Annotated[int, typer.Option("--top", help="plans to print")] = 10,
+    confirm_top: Annotated[int, typer.Option("--confirm-top", help="plans to confirm by simulation")] = 5,
+    duration: Annotated[float, typer.Option("--duration", help="synthetic load length for --rate")] = 600.0,
+    prompt_tokens: Annotated[float, typer.Option("--prompt-tokens")] = 1000.0,
+    output_tokens: Annotated[float, typer.Option("--output-tokens")] = 200.0,
+    confirm_seconds: Annotated[Optional[float], typer.Option("--confirm-seconds", help="simulate only the "
+                                                             "first N seconds of the trace")] = None,
+    price: Annotated[Optional[list[str]], typer.Option("--price", help="GPU=USD per GPU-hour (repeat)")] = None,
+    max_gpus: Annotated[int, typer.Option("--max-gpus", help="limit on GPUs in one plan")] = 512,
+    catalog: Annotated[Optional[Path], typer.Option("--catalog", help="hardware catalog YAML")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """Search GPU x TP x PP x quantisation x engine knobs x replicas for the cheapest plan meeting the SLO."""
+    from .cluster_sim import SLOSpec
+    from .hardware import load_catalog
+    from .model_shape import load_model_shape
+    from .planner import SearchSpace, plan
+    from .scenario import resolve_gpu_name
+
+    if (rate is None) == (trace is None):
+        raise _fail("give exactly one of --rate RPS or --trace FILE")
+    if slo_ttft_p95 <= 0 or slo_tpot_p95 <= 0:
+        raise _fail("--slo-ttft-p95 and --slo-tpot-p95 must be > 0")
+    try:
+        cat = load_catalog(catalog)
+        for item in price or []:
+            name, _, usd = item.partition("=")
+            try:
+                cat[resolve_gpu_name(name, cat)] = cat[resolve_gpu_name(name, cat)].with_price(float(usd))
+            except ValueError:
+                raise _fail(f"--price {item!r}: expected GPU=USD, e.g. h100=2.5") from None
+        names = [resolve_gpu_name(g, cat) for g in gpus.split(",") if g.strip()] if gpus else \
+            [n for n in cat if n != "cpu-local"]
+        shape = load_model_shape(model)
+        arr = _arrivals(trace, rate, duration, prompt_tokens, output_tokens, 1.0, seed, 1.0)
+    except _user_errors() as err:
+        raise _fail(str(err)) from None
+    sim_arr = arr.window(0.0, confirm_seconds) if confirm_seconds else arr
+    slo = SLOSpec(slo_ttft_p95, slo_tpot_p95)
+    with _progress(not json_out) as bar:
+        task = bar.add_task("planning", total=1)
+        result = plan(shape, [cat[n] for n in names], arr, slo, SearchSpace(max_total_gpus=max_gpus),
+                      confirm_top=confirm_top, sim_arrivals=sim_arr,
+                      progress=lambda d, t, label: bar.update(task, completed=d, total=t, description=label))
+    if plot is not None and result.plans:
+        from .plots import plot_frontier
+
+        plot_frontier(result.plans, plot, slo.ttft_s, slo.tpot_s, f"{shape.name}: cost vs latency")
+    if json_out:
+        typer.echo(json.dumps([p.to_json_dict() for p in result.plans[:max(top, 1)]]))
+    else:
+        _print_plans(result, top, shape.name)
+        if plot is not None:
+            typer.echo(f"frontier written to {plot}")
+    if not result.feasible:
+        if not json_out:
+            typer.echo("no plan meets the SLO; the first row is the closest", err=True)
+        raise typer.Exit(EXIT_INFEASIBLE)
+
+
+def _console():
+    import sys
+
+    from rich.console import Console
+
+    # Pipes and CI logs get a wide fixed width so tables are not squeezed into 80 columns.
+    return Console() if sys.stdout.isatty() else Console(width=150)
+
+
+def _print_plans(result: Any, top: int, model_name: str) -> None:
+    from rich.table import Table
+
+    c = _console()
+    t = Table("#", "layout", "replicas+warm", "seqs/budget/chunked", "TTFT p95 s", "TPOT p95 ms", "$/h", "$/Mtok",
+              "ok", "by", title=f"plans for {model_name} ({result.configs_evaluated} configurations, "
+              f"{result.simulated} simulated)")
+    for i, p in enumerate(result.plans[:top], start=1):
+        layout = f"{p.gpu} TP{p.tp}" + (f" PP{p.pp}" if p.pp > 1 else "") + f" {p.quantization}"
+        engine = f"{p.max_num_seqs}/{p.max_num_batched_tokens}/{'on' if p.chunked_prefill else 'off'}"
+        t.add_row(str(i), layout, f"{p.replicas}+{p.warm_replicas}", engine, _fmt(p.ttft_p95_s),
+                  _fmt(p.tpot_p95_s, 1e3, 1), f"{p.usd_per_hour:.2f}", _fmt(p.usd_per_mtok),
+                  "[green]yes[/]" if p.feasible else "[red]no[/]", p.source)
+    c.print(t)
+    c.print(result.why)
+    if not result.feasible and result.plans:
+        c.print(f"[red]blocked:[/] {result.plans[0].reason}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate_cmd)
+    app.command("plan")(plan_cmd)

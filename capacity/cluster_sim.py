@@ -1,0 +1,373 @@
+"""The cluster simulator: replicas of one engine behind a router, an optional scaling policy,
+and a trace of arrivals, all on a virtual clock.
+
+The router is `hbmserve.deployments.routing.choose` unless another is passed; the policy is any
+callable `policy(snapshot, state) -> (ScaleDecision, state)` - the very function the live
+autoscaler calls (bind its config with functools.partial). Without a policy the replica count
+stays fixed.
+
+Replica life cycle: STARTING (start-up delay of its tier) -> ACTIVE -> DRAINING (takes no new
+requests, finishes what it holds) -> removed. STANDBY replicas wait at a tier (HOT, WARM) and are
+promoted, fastest tier first, when the policy asks for more active replicas. A replica is billed
+from the moment its start-up begins until it is removed, standby included.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hbmserve.autoscale.types import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
+from hbmserve.deployments.routing import ReplicaLoad, RouteDecision, RouteRequest, choose
+
+from .arrivals import Arrivals
+from .engine_core import EngineConfig, EngineCore, Plan, SimRequest
+from .perf_model import Deployment, StepCostModel, cost_model
+from .sim_metrics import ReplicaStats, SimResult, summarize
+
+Policy = Callable[[Snapshot, Any], tuple[ScaleDecision, Any]]
+Router = Callable[[list[ReplicaLoad], RouteRequest], RouteDecision]
+
+DEFAULT_STARTUP_S: Mapping[Tier, float] = {Tier.HOT: 5.0, Tier.WARM: 60.0, Tier.COLD: 600.0}
+_STEP, _READY, _TICK, _SAMPLE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class SLOSpec:
+    ttft_s: float = 2.0
+    tpot_s: float = 0.1
+
+
+@dataclass(frozen=True)
+class PolicyBinding:
+    policy: Policy
+    initial_state: Any = None
+    interval_s: float = 10.0
+    lookback_s: float = 30.0
+    startup_s: Mapping[Tier, float] = field(default_factory=lambda: dict(DEFAULT_STARTUP_S))
+    initial_standby: Mapping[Tier, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SimCluster:
+    deployment: Deployment
+    engine: EngineConfig
+    replicas: int
+    slo: SLOSpec = SLOSpec()
+    usd_per_gpu_hour: float | None = None  # None: the deployment GPU's catalog price
+
+
+class _Replica:
+    __slots__ = ("rid", "state", "tier", "engine", "created", "ready_at", "removed", "plan",
+                 "plan_start", "epoch", "prefixes")
+
+    def __init__(self, rid: str, state: ReplicaState, engine: EngineCore, now: float, ready_at: float,
+                 tier: Tier | None = None) -> None:
+        self.rid, self.state, self.engine, self.tier = rid, state, engine, tier
+        self.created, self.ready_at = now, ready_at
+        self.removed: float | None = None
+        self.plan: Plan | None = None
+        self.plan_start = 0.0
+        self.epoch = 0
+        self.prefixes: set[int] = set()
+
+
+class _Run:
+    def __init__(self, spec: SimCluster, arrivals: Arrivals, policy: PolicyBinding | None,
+                 router: Router, sample_s: float, max_drain_s: float) -> None:
+        self.spec, self.arr, self.pb, self.router = spec, arrivals, policy, router
+        self.cost: StepCostModel = cost_model(spec.deployment)
+        self.overhead = spec.deployment.gpu.overheads.request_s
+        self.sample_s, self.max_drain_s = sample_s, max_drain_s
+        self.heap: list[tuple[float, int, int, _Replica | None, int]] = []
+        self.seq = 0
+        self.replicas: list[_Replica] = []  # live (not removed)
+        self.all: list[_Replica] = []
+        self.active: list[_Replica] = []
+        self.pending: deque[SimRequest] = deque()
+        self.inflight = 0
+        self.rejected = 0
+        self.done: list[SimRequest] = []
+        self.itl_v: list[np.ndarray] = []
+        self.itl_w: list[np.ndarray] = []
+        self.tokens_at: list[float] = []
+        self.tokens_n: list[int] = []
+        self.ttft_window: deque[tuple[float, float]] = deque()
+        self.series: list[tuple[float, ...]] = []
+        self.decisions: list[tuple[float, int, str]] = []
+        self.state = policy.initial_state if policy else None
+        self.last_target: int | None = None
+        self.preemptions_of_removed = 0
+        self.next_id = 0
+
+    # ---- plumbing ----
+    def push(self, t: float, kind: int, rep: _Replica | None = None, epoch: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, rep, epoch))
+
+    def new_replica(self, state: ReplicaState, now: float, ready_at: float, tier: Tier | None = None) -> _Replica:
+        rep = _Replica(f"r{self.next_id}", state, EngineCore(self.spec.engine, self.cost), now, ready_at, tier)
+        self.next_id += 1
+        self.replicas.append(rep)
+        self.all.append(rep)
+        if state is ReplicaState.ACTIVE:
+            self.active.append(rep)
+        elif state is ReplicaState.STARTING or ready_at > now:
+            rep.epoch += 1
+            self.push(ready_at, _READY, rep, rep.epoch)
+        return rep
+
+    def remove(self, rep: _Replica, now: float) -> None:
+        rep.removed = now
+        rep.epoch += 1
+        self.replicas.remove(rep)
+        if rep in self.active:
+            self.active.remove(rep)
+        self.preemptions_of_removed += rep.engine.preemptions
+
+    # ---- requests ----
+    def route(self, req: SimRequest, now: float) -> None:
+        if not self.active:
+            self.pending.append(req)
+            return
+        ph = req.hashes[0] if req.hashes else None
+        if len(self.active) == 1:
+            rep = self.active[0]
+        else:
+            loads = [ReplicaLoad(r.rid, r.state, r.engine.num_waiting, r.engine.num_running,
+                                 r.engine.kv_usage(), r.prefixes) for r in self.active]
+            best = self.router(loads, RouteRequest(req.prompt, req.max_tokens, ph)).ranked[0]
+            rep = next(r for r in self.active if r.rid == best)
+        if not rep.engine.add(req):
+            self.rejected += 1
+            self.inflight -= 1
+            return
+        if ph is not None:
+            rep.prefixes.add(ph)
+        if rep.plan is None:
+            self.start(rep, now)
+        elif rep.plan.steps > 1:
+            need = rep.plan.steps_done_by(now - rep.plan_start)
+            if need < rep.plan.steps:
+                p = rep.plan
+                p.durations, p.cumulative = p.durations[:need], p.cumulative[:need]
+                rep.epoch += 1
+                self.push(rep.plan_start + float(p.cumulative[-1]), _STEP, rep, rep.epoch)
+
+    def start(self, rep: _Replica, now: float) -> None:
+        plan = rep.engine.plan()
+        rep.plan = plan
+        if plan is None:
+            if rep.state is ReplicaState.DRAINING and not rep.engine.has_work():
+                self.remove(rep, now)
+            return
+        rep.plan_start = now
+        rep.epoch += 1
+        self.push(now + plan.total_s, _STEP, rep, rep.epoch)
+
+    def on_step(self, rep: _Replica, now: float) -> None:
+        plan = rep.plan
+        assert plan is not None
+        finished = rep.engine.commit(plan, plan.steps, now)
+        firsts = 0
+        for r, _ in plan.chunks:
+            if r.first_token_t == now and r.generated == 1:
+                firsts += 1
+                self.ttft_window.append((now, now - r.arrival))
+        if plan.n_dec:
+            self.itl_v.append(plan.durations)
+            self.itl_w.append(np.full(plan.steps, plan.n_dec))
+        self.tokens_at.append(now)
+        self.tokens_n.append(plan.n_dec * plan.steps + firsts)
+        self.inflight -= len(finished)
+        self.done.extend(finished)
+        rep.plan = None
+        self.start(rep, now)
+
+    # ---- policy ----
+    def snapshot(self, now: float) -> Snapshot:
+        lb = self.pb.lookback_s if self.pb else 30.0
+        while self.ttft_window and self.ttft_window[0][0] < now - lb:
+            self.ttft_window.popleft()
+        lo, hi = np.searchsorted(self.arr.t, [now - lb, now], side="right")
+        reps = tuple(ReplicaSnapshot(r.rid, r.state, r.engine.num_waiting, r.engine.num_running,
+                                     r.engine.kv_usage()) for r in self.replicas)
+        return Snapshot(now=now, replicas=reps, ttft_samples_s=tuple(s for _, s in self.ttft_window),
+                        arrival_rate_rps=(hi - lo) / lb, pending_at_ingress=len(self.pending))
+
+    def on_tick(self, now: float) -> None:
+        assert self.pb is not None
+        decision, self.state = self.pb.policy(self.snapshot(now), self.state)
+        if decision.target_active != self.last_target:
+            self.decisions.append((now, decision.target_active, decision.reason))
+            self.last_target = decision.target_active
+        self.apply(decision, now)
+
+    def apply(self, d: ScaleDecision, now: float) -> None:
+        assert self.pb is not None
+        startup = self.pb.startup_s
+        up = [r for r in self.replicas if r.state in (ReplicaState.ACTIVE, ReplicaState.STARTING)]
+        want = max(0, d.target_active)
+        if want > len(up):
+            self.scale_up(want - len(up), now, startup)
+        elif want < len(up):
+            self.scale_down(len(up) - want, now, up)
+        for tier, n in d.target_standby.items():
+            if tier is Tier.COLD:
+                continue  # nothing to keep for a cold tier: it is provisioned on demand
+            have = [r for r in self.replicas if r.state is ReplicaState.STANDBY and r.tier is tier]
+            for _ in range(max(0, n - len(have))):
+                prep = max(0.0, startup[Tier.COLD] - startup[tier])
+                self.new_replica(ReplicaState.STANDBY, now, now + prep, tier)
+            for r in sorted(have, key=lambda r: -r.created)[: max(0, len(have) - n)]:
+                self.remove(r, now)
+
+    def scale_up(self, n: int, now: float, startup: Mapping[Tier, float]) -> None:
+        standby = sorted((r for r in self.replicas if r.state is ReplicaState.STANDBY),
+                         key=lambda r: (max(r.ready_at, now) + startup[r.tier], r.created))
+        for r in standby[:n]:
+            r.state = ReplicaState.STARTING
+            r.ready_at = max(r.ready_at, now) + startup[r.tier]
+            r.epoch += 1
+            self.push(r.ready_at, _READY, r, r.epoch)
+        for _ in range(n - min(n, len(standby))):
+            self.new_replica(ReplicaState.STARTING, now, now + startup[Tier.COLD], Tier.COLD)
+
+    def scale_down(self, n: int, now: float, up: list[_Replica]) -> None:
+        starting = sorted((r for r in up if r.state is ReplicaState.STARTING), key=lambda r: -r.created)
+        for r in starting[:n]:
+            self.remove(r, now)
+        n -= min(n, len(starting))
+        victims = sorted(self.active, key=lambda r: (r.engine.num_waiting + r.engine.num_running, r.rid))[:n]
+        for r in victims:
+            r.state = ReplicaState.DRAINING
+            self.active.remove(r)
+            if not r.engine.has_work() and r.plan is None:
+                self.remove(r, now)
+
+    def on_ready(self, rep: _Replica, now: float) -> None:
+        if rep.state is ReplicaState.STARTING:
+            rep.state = ReplicaState.ACTIVE
+            self.active.append(rep)
+            while self.pending and self.active:
+                self.route(self.pending.popleft(), now)
+
+    def sample(self, now: float) -> None:
+        n_by = {s: 0 for s in ReplicaState}
+        for r in self.replicas:
+            n_by[r.state] += 1
+        w = sum(r.engine.num_waiting for r in self.replicas)
+        run = sum(r.engine.num_running for r in self.replicas)
+        kv = sum(r.engine.kv_usage() for r in self.active) / len(self.active) if self.active else 0.0
+        self.series.append((now, n_by[ReplicaState.ACTIVE], n_by[ReplicaState.STARTING],
+                            n_by[ReplicaState.STANDBY], n_by[ReplicaState.DRAINING], w, run, kv,
+                            len(self.pending) + 0.0))
+
+    # ---- main loop ----
+    def run(self) -> float:
+        t, p, o = self.arr.t, self.arr.prompt, self.arr.output
+        hs = self.arr.hashes
+        n = len(t)
+        for _ in range(self.spec.replicas):
+            self.new_replica(ReplicaState.ACTIVE, 0.0, 0.0)
+        if self.pb is not None:
+            for tier, k in self.pb.initial_standby.items():
+                for _ in range(k):
+                    self.new_replica(ReplicaState.STANDBY, 0.0, 0.0, tier)
+            self.push(0.0, _TICK)
+        self.push(0.0, _SAMPLE)
+        deadline = (float(t[-1]) if n else 0.0) + self.max_drain_s
+        i, now = 0, 0.0
+        while True:
+            if i >= n and self.inflight == 0:
+                break
+            t_arr = float(t[i]) + self.overhead if i < n else math.inf
+            t_ev = self.heap[0][0] if self.heap else math.inf
+            if t_arr <= t_ev:
+                now = t_arr
+                self.inflight += 1
+                req = SimRequest(i, float(t[i]), int(p[i]), int(o[i]), hs[i] if hs is not None else ())
+                i += 1
+                self.route(req, now)
+                continue
+            if t_ev > deadline:
+                break
+            now, _, kind, rep, epoch = heapq.heappop(self.heap)
+            if kind == _STEP:
+                if rep is not None and rep.epoch == epoch and rep.removed is None:
+                    self.on_step(rep, now)
+            elif kind == _READY:
+                if rep is not None and rep.epoch == epoch and rep.removed is None:
+                    self.on_ready(rep, now)
+            elif kind == _TICK:
+                self.on_tick(now)
+                self.push(now + self.pb.interval_s, _TICK)  # type: ignore[union-attr]
+            else:
+                self.sample(now)
+                self.push(now + self.sample_s, _SAMPLE)
+        return now
+
+
+def simulate(spec: SimCluster, arrivals: Arrivals, policy: PolicyBinding | None = None,
+             router: Router = choose, sample_s: float = 1.0, max_drain_s: float = 3600.0) -> SimResult:
+    """Replay `arrivals` through the cluster; pure apart from CPU time (no I/O, no wall clock)."""
+    run = _Run(spec, arrivals, policy, router, sample_s, max_drain_s)
+    end = run.run()
+    return _result(run, end)
+
+
+def _result(run: _Run, end: float) -> SimResult:
+    done = run.done
+    arrival = np.fromiter((r.arrival for r in done), float, len(done))
+    first = np.fromiter((r.first_token_t for r in done), float, len(done))
+    finish = np.fromiter((r.finish_t for r in done), float, len(done))
+    output = np.fromiter((r.max_tokens for r in done), np.int64, len(done))
+    gpus = run.spec.deployment.num_gpus
+    rep_s = sum((r.removed if r.removed is not None else end) - r.created for r in run.all)
+    price = run.spec.usd_per_gpu_hour
+    if price is None:
+        price = run.spec.deployment.gpu.usd_per_gpu_hour
+    preempt = run.preemptions_of_removed + sum(r.engine.preemptions for r in run.replicas)
+    itl_v = np.concatenate(run.itl_v) if run.itl_v else np.zeros(0)
+    itl_w = np.concatenate(run.itl_w) if run.itl_w else np.zeros(0)
+    series = np.asarray(run.series) if run.series else np.zeros((0, 9))
+    peak = int((series[:, 1] + series[:, 2] + series[:, 3] + series[:, 4]).max()) if len(series) else len(run.all)
+    summary = summarize(
+        arrival=arrival, first=first, finish=finish, output=output, total_requests=len(run.arr),
+        rejected=run.rejected, itl_values=itl_v, itl_weights=itl_w, preemptions=preempt,
+        gpu_seconds=rep_s * gpus, usd_per_gpu_hour=price, makespan_s=max(end, 1e-9),
+        replica_seconds=rep_s, peak_replicas=peak, slo_ttft_s=run.spec.slo.ttft_s, slo_tpot_s=run.spec.slo.tpot_s)
+    stats = tuple(ReplicaStats(r.rid, r.engine.steps, r.engine.busy_s, r.engine.tokens_processed,
+                               r.engine.max_used_blocks, r.engine.cfg.num_blocks, r.engine.preemptions,
+                               (r.removed if r.removed is not None else end) - r.created) for r in run.all)
+    return SimResult(summary, _timeseries(run, series, arrival, first, finish), tuple(run.decisions), stats)
+
+
+def _timeseries(run: _Run, series: np.ndarray, arrival: np.ndarray, first: np.ndarray,
+                finish: np.ndarray) -> dict[str, np.ndarray]:
+    n = len(series)
+    if n == 0:
+        return {}
+    def per_sec(times: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        idx = np.clip(times.astype(np.int64), 0, n - 1)
+        return np.bincount(idx, weights=weights, minlength=n)[:n].astype(np.float64)
+    ttft = first - arrival
+    ttft_sum = per_sec(first, ttft)
+    ttft_cnt = per_sec(first)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ttft_mean = np.where(ttft_cnt > 0, ttft_sum / np.maximum(ttft_cnt, 1), np.nan)
+    return {
+        "t_s": series[:, 0],
+        "active": series[:, 1], "starting": series[:, 2], "standby": series[:, 3], "draining": series[:, 4],
+        "waiting": series[:, 5], "running": series[:, 6], "kv_usage": series[:, 7], "pending": series[:, 8],
+        "arrivals_per_s": per_sec(run.arr.t),
+        "finished_per_s": per_sec(finish),
+        "output_tok_per_s": per_sec(np.asarray(run.tokens_at), np.asarray(run.tokens_n, dtype=np.float64)),
+        "ttft_mean_s": ttft_mean,
+    }

@@ -1,0 +1,138 @@
+"""Turning a finished simulation into numbers: latency percentiles, goodput, GPU-hours and dollars."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+QUANTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+    mean: float | None
+
+    @staticmethod
+    def of(values: np.ndarray, weights: np.ndarray | None = None) -> LatencyStats:
+        if values.size == 0:
+            return LatencyStats(None, None, None, None, None)
+        if weights is None:
+            qs = np.percentile(values, QUANTILES)
+            return LatencyStats(*(float(q) for q in qs), float(values.mean()))
+        order = np.argsort(values, kind="stable")
+        v, w = values[order], weights[order].astype(np.float64)
+        cw = np.cumsum(w)
+        total = cw[-1]
+        if total <= 0:
+            return LatencyStats(None, None, None, None, None)
+        qs = [float(v[min(len(v) - 1, int(np.searchsorted(cw, q / 100.0 * total)))]) for q in QUANTILES]
+        return LatencyStats(*qs, float((v * w).sum() / total))
+
+
+@dataclass(frozen=True)
+class SimSummary:
+    requests: int
+    finished: int
+    rejected: int
+    unfinished: int
+    ttft: LatencyStats
+    tpot: LatencyStats
+    itl: LatencyStats
+    e2e: LatencyStats
+    goodput_rps: float
+    slo_attainment: float
+    preemptions: int
+    gpu_hours: float
+    cost_usd: float
+    usd_per_mtok: float | None
+    output_tokens: int
+    makespan_s: float
+    output_tok_s: float
+    mean_replicas: float
+    peak_replicas: int
+    slo_ttft_s: float
+    slo_tpot_s: float
+
+    def to_json_dict(self) -> dict[str, float | int | None]:
+        out: dict[str, float | int | None] = {}
+        for name in ("ttft", "tpot", "itl", "e2e"):
+            st: LatencyStats = getattr(self, name)
+            for k, v in asdict(st).items():
+                out[f"{name}_{k}_s"] = v
+        for k, v in asdict(self).items():
+            if k not in ("ttft", "tpot", "itl", "e2e"):
+                out[k] = v
+        return out
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    replica_id: str
+    steps: int
+    busy_s: float
+    tokens_processed: int  # prefill + decode tokens
+    max_used_blocks: int
+    num_blocks: int
+    preemptions: int
+    lifetime_s: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    summary: SimSummary
+    # Per-second series (index = second since start): see `timeseries_keys` in cluster_sim.
+    timeseries: dict[str, np.ndarray] = field(default_factory=dict)
+    # (time, target_active, reason) whenever the policy changed its target.
+    decisions: tuple[tuple[float, int, str], ...] = ()
+    replicas: tuple[ReplicaStats, ...] = ()
+
+
+def request_latencies(arrival: np.ndarray, first: np.ndarray, finish: np.ndarray,
+                      output: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TTFT, TPOT (NaN for single-token outputs) and E2E per finished request."""
+    ttft = first - arrival
+    e2e = finish - arrival
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(output > 1, (finish - first) / np.maximum(output - 1, 1), np.nan)
+    return ttft, tpot, e2e
+
+
+def summarize(*, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, output: np.ndarray,
+              total_requests: int, rejected: int, itl_values: np.ndarray, itl_weights: np.ndarray,
+              preemptions: int, gpu_seconds: float, usd_per_gpu_hour: float, makespan_s: float,
+              replica_seconds: float, peak_replicas: int, slo_ttft_s: float, slo_tpot_s: float) -> SimSummary:
+    ttft, tpot, e2e = request_latencies(arrival, first, finish, output)
+    ok_tpot = np.where(np.isnan(tpot), True, tpot <= slo_tpot_s)
+    good = int(np.count_nonzero((ttft <= slo_ttft_s) & ok_tpot))
+    out_tokens = int(output.sum())
+    gpu_hours = gpu_seconds / 3600.0
+    cost = gpu_hours * usd_per_gpu_hour
+    span = max(makespan_s, 1e-9)
+    return SimSummary(
+        requests=total_requests,
+        finished=len(arrival),
+        rejected=rejected,
+        unfinished=total_requests - len(arrival) - rejected,
+        ttft=LatencyStats.of(ttft),
+        tpot=LatencyStats.of(tpot[~np.isnan(tpot)]),
+        itl=LatencyStats.of(itl_values, itl_weights),
+        e2e=LatencyStats.of(e2e),
+        goodput_rps=good / span,
+        slo_attainment=good / total_requests if total_requests else 0.0,
+        preemptions=preemptions,
+        gpu_hours=gpu_hours,
+        cost_usd=cost,
+        usd_per_mtok=cost / (out_tokens / 1e6) if out_tokens else None,
+        output_tokens=out_tokens,
+        makespan_s=makespan_s,
+        output_tok_s=out_tokens / span,
+        mean_replicas=replica_seconds / span,
+        peak_replicas=peak_replicas,
+        slo_ttft_s=slo_ttft_s,
+        slo_tpot_s=slo_tpot_s,
+    )

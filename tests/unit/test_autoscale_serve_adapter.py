@@ -1,0 +1,118 @@
+"""The Ray Serve adapter, fed a hand-built ray.serve.config.AutoscalingContext.
+
+AutoscalingContext's constructor takes plain values, so the real class is used; no Ray
+cluster is started. The last test runs the policy through Serve's own wrapper
+(autoscaling_policy._apply_autoscaling_config) exactly as the controller would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hbmserve.autoscale import serve_adapter as sa
+from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
+from hbmserve.autoscale.types import ReplicaState, Tier
+
+ray_config = pytest.importorskip("ray.serve.config", reason="ray[serve] not installed")
+ray_common = pytest.importorskip("ray.serve._private.common", reason="ray[serve] not installed")
+ray_policy = pytest.importorskip("ray.serve.autoscaling_policy", reason="ray[serve] not installed")
+ray_state = pytest.importorskip("ray.serve._private.autoscaling_state",
+                                reason="ray[serve] not installed")
+
+NOW = 1_000.0
+DEP = ray_common.DeploymentID(name="engine", app_name="app")
+
+
+def rid(name: str):
+    return ray_common.ReplicaID(unique_id=name, deployment_id=DEP)
+
+
+def series(*points: tuple[float, float]):
+    return [ray_common.TimeStampedValue(t, v) for t, v in points]
+
+
+def context(*, config=None, policy_state=None, current=2, target=4, queued=2.4, now=NOW):
+    r1, r2 = rid("r1"), rid("r2")
+    raw = {
+        sa.STAT_WAITING: {r1: series((now - 3, 1.0), (now - 1, 6.0)), r2: series((now - 1, 0.0))},
+        sa.STAT_RUNNING: {r1: series((now - 1, 8.0)), r2: series((now - 1, 0.0))},
+        sa.STAT_KV_USAGE: {r1: series((now - 1, 0.75)), r2: series((now - 1, 0.0))},
+        sa.STAT_STANDBY: {r1: series((now - 1, 0.0)), r2: series((now - 1, 1.0))},
+        sa.STAT_ARRIVAL_RPS: {r1: series((now - 1, 3.5)), r2: series((now - 1, 0.0))},
+        # one point older than the 30 s look-back, two inside
+        sa.STAT_TTFT_P95_S: {r1: series((now - 45, 9.0), (now - 20, 1.5), (now - 1, 2.5))},
+    }
+    # Only the running-requests key is aggregated by Serve itself for r1; raw wins when present.
+    aggregated = {sa.STAT_WAITING: {r1: 3.0, r2: 0.0}}
+    return ray_config.AutoscalingContext(
+        deployment_id=DEP, deployment_name="engine", app_name="app",
+        current_num_replicas=current, target_num_replicas=target, running_replicas=[r1, r2],
+        total_num_requests=17.0, total_queued_requests=queued,
+        aggregated_metrics=aggregated, raw_metrics=lambda: raw,
+        capacity_adjusted_min_replicas=1, capacity_adjusted_max_replicas=16,
+        policy_state=policy_state if policy_state is not None else {},
+        last_scale_up_time=None, last_scale_down_time=None, current_time=now, config=config)
+
+
+def test_snapshot_from_a_real_context():
+    s = sa.snapshot_from_context(context(), look_back_s=30.0)
+    assert s.now == NOW
+    by_id = {r.replica_id: r for r in s.replicas}
+    assert by_id["r1"].state is ReplicaState.ACTIVE
+    assert (by_id["r1"].waiting, by_id["r1"].running, by_id["r1"].kv_usage) == (6, 8, 0.75)
+    assert by_id["r2"].state is ReplicaState.STANDBY
+    assert s.count(ReplicaState.STARTING) == 4 - 2  # Serve targets 4, runs 2
+    assert s.ttft_samples_s == (1.5, 2.5)  # the 45 s old point is outside the window
+    assert s.arrival_rate_rps == 3.5  # standbys take no traffic
+    assert s.pending_at_ingress == math.ceil(2.4)
+
+
+def test_stats_helper_reports_numbers_only():
+    stats = sa.autoscaling_stats(waiting=3, running=5, kv_usage=0.5,
+                                 ttft_samples_s=[0.1 * i for i in range(1, 21)],
+                                 arrival_rps=2.0, standby=False)
+    assert all(isinstance(v, float) for v in stats.values())
+    assert stats[sa.STAT_TTFT_P95_S] == pytest.approx(1.9)  # 19th of 20 by nearest rank
+    assert stats[sa.STAT_STANDBY] == 0.0
+    none = sa.autoscaling_stats(waiting=0, running=0, kv_usage=0.0, ttft_samples_s=[],
+                                arrival_rps=0.0, standby=True)
+    assert sa.STAT_TTFT_P95_S not in none and none[sa.STAT_STANDBY] == 1.0
+
+
+def test_decide_from_context_matches_decide_on_the_snapshot():
+    cfg = AutoscaleConfig(upscale_delay_s=0.0)
+    ctx = context()
+    target, state = sa.decide_from_context(ctx, cfg)
+    expected, _ = decide(sa.snapshot_from_context(ctx, cfg.look_back_s), cfg, PolicyState())
+    assert target == expected.target_active + expected.target_standby[Tier.HOT]
+    assert state[sa.DECISION_KEY]["reason"] == expected.reason
+    json.dumps(state)  # Serve keeps it between calls; it must stay plain data
+
+
+def test_policy_state_carries_the_hysteresis_between_calls():
+    cfg = AutoscaleConfig(rate_upscale_delay_s=30.0)
+    # 3.5 rps on 1 active + 2 starting replicas: only the rate forecast asks for more, so
+    # the wish must persist 30 s, and only policy_state remembers when it began.
+    _, state = sa.decide_from_context(context(), cfg)
+    assert state[sa.DECISION_KEY]["target_active"] == 3
+    _, later = sa.decide_from_context(context(policy_state=state, now=NOW + 30), cfg)
+    assert later[sa.DECISION_KEY]["target_active"] == math.ceil(3.5 / 0.8)
+    _, amnesiac = sa.decide_from_context(context(now=NOW + 30), cfg)
+    assert amnesiac[sa.DECISION_KEY]["target_active"] == 3
+
+
+def test_runs_inside_serves_own_policy_wrapper():
+    cfg = AutoscaleConfig(min_replicas=1, max_replicas=16, upscale_delay_s=0.0)
+    serve_cfg = ray_config.AutoscalingConfig(**sa.serve_autoscaling_config(cfg))
+    assert serve_cfg.upscale_delay_s == 0 and serve_cfg.downscale_delay_s == 0
+    policy = ray_state._resolve_policy_callable(serve_cfg.policy)  # what the controller does
+    assert isinstance(policy, sa.HbmServeAutoscalingPolicy) and policy.config == cfg
+    wrapped = ray_policy._apply_autoscaling_config(policy)
+    ctx = context(config=serve_cfg)
+    target, state = wrapped(ctx)
+    ours, _ = sa.decide_from_context(context(config=serve_cfg), cfg)
+    assert target == ours  # Serve's wrapper adds no delay and no factor on top
+    assert sa.DECISION_KEY in state

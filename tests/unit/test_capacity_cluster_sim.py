@@ -1,0 +1,116 @@
+"""The cluster simulator with a scaling policy: start-up tiers, draining, billing, scale from zero."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from hbmserve.autoscale.types import ReplicaState, ScaleDecision, Snapshot, Tier
+from hbmserve.capacity.arrivals import Arrivals, poisson_arrivals
+from hbmserve.capacity.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
+from hbmserve.capacity.engine_core import EngineConfig
+from hbmserve.capacity.hardware import get_gpu
+from hbmserve.capacity.model_shape import load_model_shape
+from hbmserve.capacity.perf_model import Deployment
+
+DEP = Deployment(load_model_shape("llama-3.1-8b"), get_gpu("h100-sxm"), tp=2)
+ENG = EngineConfig(num_blocks=20_000, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=4096)
+STARTUP = {Tier.HOT: 5.0, Tier.WARM: 60.0, Tier.COLD: 600.0}
+LOAD = poisson_arrivals(2.0, 120.0, prompt_tokens=300, output_tokens=50, seed=4)
+
+
+def cluster(replicas: int) -> SimCluster:
+    return SimCluster(DEP, ENG, replicas, SLOSpec(2.0, 0.1))
+
+
+def scripted(snapshot: Snapshot, state, *, steps, standby=None):
+    """Target `n` from time `t` on, for each (t, n) in steps; records what it saw."""
+    seen = (state or ()) + (snapshot,)
+    due = [n for t, n in steps if t <= snapshot.now]
+    target = due[-1] if due else 1
+    return ScaleDecision(target, dict(standby or {}), f"scripted {target}"), seen
+
+
+def test_fixed_replicas_bill_replicas_times_gpus_times_makespan():
+    res = simulate(cluster(3), LOAD)
+    s = res.summary
+    assert s.finished == len(LOAD) and s.peak_replicas == 3
+    assert s.gpu_hours == pytest.approx(3 * 2 * s.makespan_s / 3600)
+    assert s.cost_usd == pytest.approx(s.gpu_hours * 3.0)
+    assert s.usd_per_mtok == pytest.approx(s.cost_usd / (s.output_tokens / 1e6))
+    assert all(r.tokens_processed > 0 for r in res.replicas)  # the router spread the load
+
+
+def test_hot_standby_is_promoted_first_and_becomes_active_after_its_delay():
+    pol = functools.partial(scripted, steps=[(0.0, 1), (20.0, 2)])
+    res = simulate(cluster(1), LOAD, PolicyBinding(pol, None, 10.0, 30.0, STARTUP, {Tier.HOT: 1}))
+    ts = res.timeseries
+    t, active = ts["t_s"], ts["active"]
+    assert active[(t >= 10) & (t < 20)].max() == 1
+    assert active[(t >= 25) & (t < 100)].min() == 2  # promoted at 20, active after the 5 s HOT delay
+    assert active[(t > 20) & (t < 25)].max() == 1
+    assert res.summary.peak_replicas == 2  # no cold replica was added
+    assert (20.0, 2, "scripted 2") in res.decisions
+
+
+def test_without_standby_a_cold_replica_takes_the_cold_delay():
+    pol = functools.partial(scripted, steps=[(0.0, 1), (20.0, 2)])
+    long_load = poisson_arrivals(1.0, 800.0, prompt_tokens=200, output_tokens=20, seed=5)
+    res = simulate(cluster(1), long_load, PolicyBinding(pol, None, 10.0, 30.0, STARTUP))
+    t, active, starting = res.timeseries["t_s"], res.timeseries["active"], res.timeseries["starting"]
+    assert active[(t > 20) & (t < 619)].max() == 1 and starting[(t > 21) & (t < 619)].min() == 1
+    assert active[(t > 621) & (t < 700)].min() == 2
+
+
+def test_scale_down_drains_in_flight_requests_then_removes_the_replica():
+    pol = functools.partial(scripted, steps=[(0.0, 2), (30.0, 1)])
+    res = simulate(cluster(2), LOAD, PolicyBinding(pol, None, 10.0, 30.0, STARTUP))
+    s = res.summary
+    assert s.finished == len(LOAD) and s.unfinished == 0
+    lifetimes = sorted(r.lifetime_s for r in res.replicas)
+    assert 30.0 <= lifetimes[0] < 60.0  # drained shortly after 30 s, not kept to the end
+    assert lifetimes[1] == pytest.approx(s.makespan_s)
+    assert s.gpu_hours == pytest.approx(sum(lifetimes) * 2 / 3600)
+
+
+def test_standby_replicas_are_billed():
+    pol = functools.partial(scripted, steps=[(0.0, 1)], standby={Tier.WARM: 2})
+    res = simulate(cluster(1), LOAD, PolicyBinding(pol, None, 10.0, 30.0, STARTUP))
+    s = res.summary
+    assert s.peak_replicas == 3
+    assert s.gpu_hours == pytest.approx(3 * 2 * s.makespan_s / 3600)
+    assert res.timeseries["standby"][-1] == 2
+
+
+def test_scale_from_zero_holds_requests_at_the_ingress():
+    def wake_on_pending(snapshot: Snapshot, state):
+        up = state or snapshot.pending_at_ingress > 0
+        return ScaleDecision(1 if up else 0, {}, "wake" if up else "idle"), up
+
+    arr = Arrivals(np.array([1.0, 2.0]), np.array([100, 100]), np.array([10, 10]))
+    res = simulate(cluster(0), arr, PolicyBinding(wake_on_pending, False, 10.0, 30.0, STARTUP))
+    s = res.summary
+    assert s.finished == 2
+    # Seen at the 10 s tick, then a cold start: the first token comes after 610 s.
+    assert s.ttft.p50 >= 600.0
+    assert res.timeseries["pending"].max() == 2
+
+
+def test_the_policy_sees_snapshots_of_the_simulated_replicas():
+    pol = functools.partial(scripted, steps=[(0.0, 2)])
+    run = {}
+
+    def spy(snapshot, state):
+        d, seen = pol(snapshot, state)
+        run["seen"] = seen
+        return d, seen
+
+    simulate(cluster(2), LOAD, PolicyBinding(spy, None, 10.0, 30.0, STARTUP))
+    snaps = run["seen"]
+    assert [s.now for s in snaps[:3]] == [0.0, 10.0, 20.0]
+    mid = snaps[6]
+    assert mid.count(ReplicaState.ACTIVE) == 2
+    assert 1.0 < mid.arrival_rate_rps < 3.5
+    assert mid.ttft_samples_s and all(x > 0 for x in mid.ttft_samples_s)

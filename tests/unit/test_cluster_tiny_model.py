@@ -1,0 +1,62 @@
+"""The generated tiny model: deterministic, Llama-shaped, and a working tokenizer + chat template."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from hbmserve.cluster.tiny_model import TinyModelShape, is_model_dir, write_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return write_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_generation_is_deterministic(tiny: Path, tmp_path: Path):
+    again = write_model(tmp_path / "again")
+    assert _digest(again) == _digest(tiny)
+
+
+def test_config_has_shapes_vllm_cpu_accepts(tiny: Path):
+    cfg = json.loads((tiny / "config.json").read_text())
+    shape = TinyModelShape()
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] == 64  # CPU attention rejects 16
+    assert cfg["num_hidden_layers"] == shape.num_hidden_layers
+    assert cfg["vocab_size"] == shape.vocab_size
+    assert is_model_dir(tiny)
+    assert not is_model_dir(tiny.parent)
+
+
+def test_weights_have_llama_parameter_count(tiny: Path):
+    from safetensors import safe_open
+
+    s = TinyModelShape()
+    with safe_open(str(tiny / "model.safetensors"), "pt") as f:
+        total = sum(f.get_tensor(k).numel() for k in f.keys())
+    h, i, v, n = s.hidden_size, s.intermediate_size, s.vocab_size, s.num_hidden_layers
+    per_layer = 4 * h * h + 3 * h * i + 2 * h  # q,k,v,o + gate,up,down + two RMSNorms
+    assert total == 2 * v * h + n * per_layer + h  # embed + lm_head + layers + final norm
+
+
+def test_tokenizer_round_trips_and_chat_template_renders(tiny: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny))
+    text = "the model and its cache live in memory!"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text
+    assert max(ids) < TinyModelShape().vocab_size
+    # Trained merges compress text well below one token per byte.
+    assert len(ids) < len(text.encode()) / 2
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False,
+                                     add_generation_prompt=True)
+    assert prompt == "<|start|>user\nhello<|end|>\n<|start|>assistant\n"
