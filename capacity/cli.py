@@ -61,18 +61,46 @@ def _fmt(v: float | None, scale: float = 1.0, digits: int = 3) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * scale:.{digits}f}"
 
 
-def _load_policy(ref: str, model_spec: Any):
-    """`module:factory` where factory(model_spec) -> (policy(snapshot, state), initial_state)."""
+def _load_policy(ref: str, model_spec: Any, sc: Any, arr: Any, startup: dict) -> tuple[Any, Any]:
+    """A policy by registry name (hbmserve.autoscale.registry.POLICIES), or `module:factory` where
+    factory(model_spec) -> (policy(snapshot, state), initial_state)."""
     import importlib
 
+    if ":" not in ref:
+        return _registry_policy(ref, model_spec, sc, arr, startup)
     mod_name, _, attr = ref.partition(":")
-    if not attr:
-        raise _fail(f"--policy must look like module:factory, not {ref!r}")
     try:
         factory = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as err:
         raise _fail(f"--policy {ref}: {err}") from None
     return factory(model_spec)
+
+
+def _registry_policy(name: str, m: Any, sc: Any, arr: Any, startup: dict) -> tuple[Any, Any]:
+    """Bind a registered policy to this config: bounds and queue target from `autoscaling`, the
+    TTFT target from `slo`, and replica capacity from the capacity model at that SLO."""
+    from hbmserve.autoscale.registry import POLICIES, ScalingSpec
+    from hbmserve.autoscale.types import Tier
+
+    from .perf_model import cost_model
+    from .plan_analytic import EngineKnobs, capacity_rps
+    from .planner import workload_of
+
+    entry = POLICIES.get(name)
+    if entry is None:
+        raise _fail(f"--policy {name!r}: not a registered policy ({', '.join(POLICIES)}) nor module:factory")
+    e = sc.engine
+    knobs = EngineKnobs(e.max_num_seqs, e.max_num_batched_tokens, e.enable_chunked_prefill,
+                        e.num_blocks * e.block_size)
+    cap, _ = capacity_rps(cost_model(sc.deployment), knobs, workload_of(arr), sc.slo_ttft_s, sc.slo_tpot_s)
+    auto = m.autoscaling
+    spec = ScalingSpec(
+        min_replicas=auto.min_replicas if auto else m.replicas, max_replicas=auto.max_replicas if auto else m.replicas,
+        ttft_p95_target_s=sc.slo_ttft_s, target_queue_per_replica=auto.target_queue_per_replica if auto else 4.0,
+        replica_capacity_rps=max(cap, 1e-3), startup_hot_s=startup[Tier.HOT], startup_warm_s=startup[Tier.WARM],
+        startup_cold_s=startup[Tier.COLD], peak_rps=arr.rate_peak())
+    cfg = entry.make_config(spec)
+    return (lambda snapshot, state: entry.decide(snapshot, cfg, state)), entry.initial_state()
 
 
 def simulate_cmd(
@@ -94,8 +122,9 @@ def simulate_cmd(
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="override max_model_len")] = None,
     clip: Annotated[bool, typer.Option("--clip/--no-clip", help="shorten requests that exceed "
                                        "max_model_len instead of rejecting them")] = False,
-    policy: Annotated[Optional[str], typer.Option("--policy", help="module:factory returning "
-                                                  "(policy, state) for the model spec")] = None,
+    policy: Annotated[Optional[str], typer.Option("--policy", help="scaling policy: a registered name "
+                                                  "(hbmserve, ray-default, static-peak, queue-threshold) or "
+                                                  "module:factory returning (policy, state)")] = None,
     interval: Annotated[float, typer.Option("--decision-interval", help="policy period, seconds")] = 10.0,
     startup_hot: Annotated[float, typer.Option("--startup-hot")] = 5.0,
     startup_warm: Annotated[float, typer.Option("--startup-warm")] = 60.0,
@@ -128,9 +157,9 @@ def simulate_cmd(
         arr = arr.clipped(sc.engine.max_model_len)
     binding = None
     if policy:
-        pol, state = _load_policy(policy, m)
-        binding = PolicyBinding(pol, state, interval, startup_s={Tier.HOT: startup_hot, Tier.WARM: startup_warm,
-                                                                 Tier.COLD: startup_cold})
+        startup = {Tier.HOT: startup_hot, Tier.WARM: startup_warm, Tier.COLD: startup_cold}
+        pol, state = _load_policy(policy, m, sc, arr, startup)
+        binding = PolicyBinding(pol, state, interval, startup_s=startup)
     cluster = SimCluster(sc.deployment, sc.engine, sc.replicas, SLOSpec(sc.slo_ttft_s, sc.slo_tpot_s),
                          sc.usd_per_gpu_hour)
     with _progress(not json_out) as bar:

@@ -196,10 +196,21 @@ class _Run:
         while self.ttft_window and self.ttft_window[0][0] < now - lb:
             self.ttft_window.popleft()
         lo, hi = np.searchsorted(self.arr.t, [now - lb, now], side="right")
-        reps = tuple(ReplicaSnapshot(r.rid, r.state, r.engine.num_waiting, r.engine.num_running,
-                                     r.engine.kv_usage()) for r in self.replicas)
-        return Snapshot(now=now, replicas=reps, ttft_samples_s=tuple(s for _, s in self.ttft_window),
-                        arrival_rate_rps=(hi - lo) / lb, pending_at_ingress=len(self.pending))
+        # As the live system reports them: a HOT standby is a STANDBY replica; a WARM standby is a
+        # node with weights on NVMe (`warm_ready`), not a replica; standbys still being prepared
+        # are not visible yet.
+        reps, warm = [], 0
+        for r in self.replicas:
+            if r.state is ReplicaState.STANDBY:
+                if r.ready_at > now:
+                    continue
+                if r.tier is Tier.WARM:
+                    warm += 1
+                    continue
+            reps.append(ReplicaSnapshot(r.rid, r.state, r.engine.num_waiting, r.engine.num_running,
+                                        r.engine.kv_usage()))
+        return Snapshot(now=now, replicas=tuple(reps), ttft_samples_s=tuple(s for _, s in self.ttft_window),
+                        arrival_rate_rps=(hi - lo) / lb, pending_at_ingress=len(self.pending), warm_ready=warm)
 
     def on_tick(self, now: float) -> None:
         assert self.pb is not None

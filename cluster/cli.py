@@ -11,6 +11,7 @@ import typer
 SUBCOMMAND_MODULES = (
     "hbmserve.cluster.serve_cli",
     "hbmserve.placement.cli",
+    "hbmserve.capacity.cli",
 )
 
 

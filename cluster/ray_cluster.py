@@ -116,12 +116,35 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class ReplicaStats:
+    replica: str  # node id prefix : pid
+    url: str
+    accepted: int  # requests admitted since the replica started
+    rejected: int  # 429s
+    in_flight: int
+
+
+@dataclass(frozen=True)
 class ModelStatus:
     name: str
     app_status: str
     replicas: dict[str, int]  # replica state -> count
     endpoints: tuple[str, ...]
     message: str
+    replica_stats: tuple[ReplicaStats, ...] = ()  # the running replicas that answered
+
+
+def _probe_replicas(handle, running: int, rounds: int = 5) -> dict[str, dict]:
+    """Each running replica's `info()`, keyed by node:pid. A handle routes each call to some
+    replica, the less busy of two; calls sent together spread out, so a few rounds find all."""
+    seen: dict[str, dict] = {}
+    for _ in range(rounds):
+        for response in [handle.info.remote() for _ in range(2 * running)]:
+            info = response.result(timeout_s=10)
+            seen[f"{info['node_id'][:8]}:{info['pid']}"] = info
+        if len(seen) >= running:
+            break
+    return seen
 
 
 def status() -> list[ModelStatus]:
@@ -133,15 +156,12 @@ def status() -> list[ModelStatus]:
         for dep in app.deployments.values():
             for state, n in dep.replica_states.items():
                 replicas[str(getattr(state, "value", state))] = replicas.get(str(getattr(state, "value", state)), 0) + n
-        urls: set[str] = set()
         running = replicas.get("RUNNING", 0)
-        if running:
-            handle = serve.get_app_handle(name)
-            # The handle routes each call to some replica; a few calls find them all.
-            for _ in range(3 * running):
-                urls.add(handle.info.remote().result(timeout_s=10)["url"])
-        out.append(ModelStatus(name, str(getattr(app.status, "value", app.status)), replicas, tuple(sorted(urls)),
-                               app.message))
+        seen = _probe_replicas(serve.get_app_handle(name), running) if running else {}
+        stats = tuple(ReplicaStats(key, i["url"], i["accepted"], i["rejected"], i["in_flight"])
+                      for key, i in sorted(seen.items()))
+        out.append(ModelStatus(name, str(getattr(app.status, "value", app.status)), replicas,
+                               tuple(sorted({s.url for s in stats})), app.message, stats))
     return out
 
 

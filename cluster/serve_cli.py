@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -164,15 +165,15 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
     except rc.ClusterError as e:
         raise _fail(str(e)) from None
     if as_json:
-        print(json.dumps({"cluster": address, "models": [m.__dict__ | {"endpoints": list(m.endpoints)}
-                                                         for m in models]}))
+        print(json.dumps({"cluster": address, "models": [dataclasses.asdict(m) for m in models]}))
         return
     table = Table(title=f"hbmserve on {address}")
-    for col in ("model", "status", "replicas", "endpoints"):
+    for col in ("model", "status", "replicas", "endpoints", "accepted per replica"):
         table.add_column(col)
     for m in models:
         reps = ", ".join(f"{n} {s.lower()}" for s, n in sorted(m.replicas.items())) or "-"
-        table.add_row(m.name, m.app_status, reps, "\n".join(m.endpoints) or "-")
+        accepted = " / ".join(str(r.accepted) for r in m.replica_stats) or "-"
+        table.add_row(m.name, m.app_status, reps, "\n".join(m.endpoints) or "-", accepted)
     out.print(table if models else "no models deployed")
 
 

@@ -31,10 +31,13 @@ class LoadCounters:
     in_flight: int = 0
     accepted: int = 0
     rejected: int = 0
+    arrived: deque[float] = field(default_factory=deque)  # admission times
     finished: deque[float] = field(default_factory=deque)  # completion times
     first_byte_s: deque[tuple[float, float]] = field(default_factory=deque)  # (at, seconds)
 
     def trim(self, now: float) -> None:
+        while self.arrived and self.arrived[0] < now - _WINDOW_S:
+            self.arrived.popleft()
         while self.finished and self.finished[0] < now - _WINDOW_S:
             self.finished.popleft()
         while self.first_byte_s and self.first_byte_s[0][0] < now - _WINDOW_S:
@@ -43,6 +46,14 @@ class LoadCounters:
     def completion_rate(self, now: float) -> float | None:
         self.trim(now)
         return len(self.finished) / _WINDOW_S if self.finished else None
+
+    def arrival_rate(self, now: float) -> float:
+        self.trim(now)
+        return len(self.arrived) / _WINDOW_S
+
+    def ttft_samples(self, now: float) -> tuple[float, ...]:
+        self.trim(now)
+        return tuple(s for _, s in self.first_byte_s)
 
 
 def _error(status: int, message: str, err_type: str, code: str, headers: list[tuple[bytes, bytes]] = ()):
@@ -84,6 +95,7 @@ class IngressMiddleware:
             return
         c.in_flight += 1
         c.accepted += 1
+        c.arrived.append(now)
         first = True
 
         async def counting_send(message: dict[str, Any]) -> None:

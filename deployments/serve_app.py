@@ -8,6 +8,7 @@ through ENGINE_SERVERS, a registry keyed by `EngineKind`.
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable
 
 from hbmserve.cluster.config import ClusterSpec, EngineKind, ModelSpec
@@ -20,18 +21,28 @@ from hbmserve.deployments.engine_args import vllm_launch
 QUEUE_SLOTS_PER_SEQ = 4
 
 
+def _budget(model: ModelSpec) -> AdmissionBudget:
+    return AdmissionBudget(max_in_flight=model.engine_settings.max_num_seqs * QUEUE_SLOTS_PER_SEQ)
+
+
 def _vllm_server(model: ModelSpec, host: str, port: int, api_keys: frozenset[str]):
     from hbmserve.deployments.vllm_server import VLLMHttpServer
 
-    budget = AdmissionBudget(max_in_flight=model.engine_settings.max_num_seqs * QUEUE_SLOTS_PER_SEQ)
-    return VLLMHttpServer(vllm_launch(model, host, port), budget, api_keys)
+    return VLLMHttpServer(vllm_launch(model, host, port), _budget(model), api_keys)
 
 
-# The simulated engine (capacity issue) plugs in here with the same server interface:
-# `await start() -> url`, `await stop()`, `healthy()`, `counters`.
+def _sim_server(model: ModelSpec, host: str, port: int, api_keys: frozenset[str]):
+    from hbmserve.deployments.sim_server import SimHttpServer
+
+    return SimHttpServer(model, host, port, _budget(model), api_keys)
+
+
+# Every engine server has the same interface: `await start() -> url`, `await stop()`,
+# `healthy()`, `counters` (LoadCounters), `engine_stats() -> EngineLoad`.
 ENGINE_SERVERS: dict[EngineKind, Callable] = {
     EngineKind.VLLM_CPU: _vllm_server,
     EngineKind.VLLM_GPU: _vllm_server,
+    EngineKind.SIM: _sim_server,
 }
 
 
@@ -45,10 +56,22 @@ class EngineReplica:
         self.server = ENGINE_SERVERS[self.model.engine](self.model, host, port, api_keys)
         self.url = await self.server.start()
 
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Custom metrics for the autoscaling policy (autoscale/serve_adapter.py)."""
+        from hbmserve.autoscale.serve_adapter import autoscaling_stats
+
+        now = time.monotonic()
+        load = self.server.engine_stats()
+        c = self.server.counters
+        return autoscaling_stats(waiting=load.waiting, running=load.running, kv_usage=load.kv_usage,
+                                 ttft_samples_s=c.ttft_samples(now), arrival_rps=c.arrival_rate(now),
+                                 standby=False)
+
     async def info(self) -> dict:
         import ray
 
         c = self.server.counters
+        load = self.server.engine_stats()
         return {
             "model": self.model.name,
             "engine": self.model.engine.value,
@@ -56,6 +79,9 @@ class EngineReplica:
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
             "in_flight": c.in_flight,
+            "engine_waiting": load.waiting,
+            "engine_running": load.running,
+            "kv_usage": load.kv_usage,
             "accepted": c.accepted,
             "rejected": c.rejected,
             "healthy": self.server.healthy(),
@@ -70,12 +96,37 @@ class EngineReplica:
 
 
 def unsupported_engines(spec: ClusterSpec) -> list[str]:
-    return [f"models.{i}.engine: '{m.engine.value}' is not available in this build (have: "
-            f"{', '.join(k.value for k in ENGINE_SERVERS)})"
-            for i, m in enumerate(spec.models) if m.engine not in ENGINE_SERVERS]
+    problems = [f"models.{i}.engine: '{m.engine.value}' is not available in this build (have: "
+                f"{', '.join(k.value for k in ENGINE_SERVERS)})"
+                for i, m in enumerate(spec.models) if m.engine not in ENGINE_SERVERS]
+    return problems + _sim_scenario_problems(spec)
+
+
+def _sim_scenario_problems(spec: ClusterSpec) -> list[str]:
+    """A simulated model that cannot be simulated (unknown GPU or shape, does not fit) fails here,
+    before deploying, rather than as a replica constructor crash-looping in Serve."""
+    sims = [m for m in spec.models if m.engine is EngineKind.SIM]
+    if not sims:
+        return []
+    from hbmserve.capacity.hardware import CatalogError, load_catalog
+    from hbmserve.capacity.model_shape import ModelConfigError
+    from hbmserve.capacity.scenario import ScenarioError, scenario_for
+
+    catalog, problems = load_catalog(), []
+    for m in sims:
+        try:
+            scenario_for(m, catalog)
+        except (ScenarioError, ModelConfigError, CatalogError) as err:
+            msg = str(err)
+            problems.append(msg if msg.startswith("models.") else f"models.{m.name}.sim: {msg}")
+    return problems
 
 
 def actor_options(model: ModelSpec) -> dict:
+    if model.engine is EngineKind.SIM:
+        # The simulated engine is a few coroutines on the replica's event loop, mostly asleep:
+        # tens of replicas must fit on two cores, and it holds no GPU.
+        return {"num_cpus": 0}
     if model.engine is EngineKind.VLLM_CPU:
         # The engine core runs in its own process and takes the cores it needs; the replica
         # actor itself mostly waits on sockets.

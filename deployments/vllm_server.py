@@ -9,35 +9,18 @@ Serve still owns the replica's life: placement, health checks, restarts, scaling
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
-import socket
 from contextlib import AsyncExitStack
 
 from hbmserve.deployments.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import EngineLaunch
 from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
+from hbmserve.deployments.replica_http import AsgiListener, EngineLoad, bind_shared
+
+__all__ = ["EngineLoad", "VLLMHttpServer", "bind_shared"]
 
 log = logging.getLogger("hbmserve.replica")
-
-
-def bind_shared(host: str, port: int) -> socket.socket:
-    """Bind with SO_REUSEPORT: every replica of a model on a host listens on the model's one
-    port and the kernel spreads connections across them, so a rolling restart or a scale-up
-    never moves the endpoint and needs no proxy hop."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as err:
-        sock.close()
-        raise RuntimeError(f"cannot listen on {host}:{port}: {err}") from None
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
 
 
 class VLLMHttpServer:
@@ -49,8 +32,7 @@ class VLLMHttpServer:
         self.engine_client = None
         self.url: str | None = None
         self._stack = AsyncExitStack()
-        self._server = None
-        self._task: asyncio.Task | None = None
+        self._listener = AsgiListener()
 
     def _parse_args(self):
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -60,7 +42,6 @@ class VLLMHttpServer:
         return parser.parse_args(list(self.launch.cli_args))
 
     async def start(self) -> str:
-        import uvicorn
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
         from vllm.entrypoints.launchers.app import build_app
@@ -74,14 +55,7 @@ class VLLMHttpServer:
             tasks = await self.engine_client.get_supported_tasks()
             app = build_app(args, tasks, self.engine_client.model_config)
             await init_app_state(self.engine_client, app.state, args, tasks)
-            asgi = IngressMiddleware(app, self.budget, self.api_keys, self.counters)
-            config = uvicorn.Config(asgi, log_level="warning", access_log=False, timeout_keep_alive=30)
-            self._server = _no_signal_server(config)
-            self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
-            while not self._server.started:
-                if self._task.done():
-                    self._task.result()
-                await asyncio.sleep(0.05)
+            await self._listener.start(IngressMiddleware(app, self.budget, self.api_keys, self.counters), sock)
         except BaseException:
             sock.close()
             await self._stack.aclose()
@@ -91,23 +65,22 @@ class VLLMHttpServer:
         return self.url
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._task, timeout=10)
+        await self._listener.stop()
         await self._stack.aclose()
 
+    def engine_stats(self) -> EngineLoad:
+        """The engine's own queue and KV gauges, read from vLLM's in-process Prometheus registry."""
+        from prometheus_client import REGISTRY
+
+        wanted = {"vllm:num_requests_waiting": 0.0, "vllm:num_requests_running": 0.0, "vllm:kv_cache_usage_perc": 0.0}
+        for metric in REGISTRY.collect():
+            for sample in metric.samples:
+                if sample.name in wanted:
+                    wanted[sample.name] += sample.value
+        return EngineLoad(waiting=int(wanted["vllm:num_requests_waiting"]),
+                          running=int(wanted["vllm:num_requests_running"]),
+                          kv_usage=wanted["vllm:kv_cache_usage_perc"])
+
     def healthy(self) -> bool:
-        return self._task is not None and not self._task.done() and not getattr(self.engine_client, "errored", False)
+        return self._listener.serving and not getattr(self.engine_client, "errored", False)
 
-
-def _no_signal_server(config):
-    """uvicorn.Server that leaves signal handling to Ray: the replica is not the main program."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self):
-            yield
-
-    return Server(config)

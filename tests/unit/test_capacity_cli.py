@@ -110,3 +110,14 @@ def test_plan_bad_inputs(app):
     assert r.exit_code == 2 and "ambiguous" in r.output
     r = CliRunner().invoke(app, [*base, "--rate", "1", "--price", "h100=cheap"])
     assert r.exit_code == 2 and "GPU=USD" in r.output
+
+
+def test_simulate_with_a_registered_policy_and_a_bad_one(app, files):
+    cfg, trace = files
+    r = CliRunner().invoke(app, ["simulate", "--config", str(cfg), "--trace", str(trace), "--json",
+                                 "--policy", "static-peak"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["finished"] == 40 and out["peak_replicas"] >= 1
+    r = CliRunner().invoke(app, ["simulate", "--config", str(cfg), "--trace", str(trace), "--policy", "nope"])
+    assert r.exit_code == 2 and "not a registered policy" in r.output

@@ -114,3 +114,16 @@ def test_the_policy_sees_snapshots_of_the_simulated_replicas():
     assert mid.count(ReplicaState.ACTIVE) == 2
     assert 1.0 < mid.arrival_rate_rps < 3.5
     assert mid.ttft_samples_s and all(x > 0 for x in mid.ttft_samples_s)
+
+
+def test_snapshots_show_hot_standby_as_replicas_and_warm_standby_as_warm_ready():
+    seen = []
+
+    def pol(snapshot: Snapshot, state):
+        seen.append(snapshot)
+        return ScaleDecision(1, {Tier.HOT: 1, Tier.WARM: 2}, "pool"), state
+
+    simulate(cluster(1), LOAD, PolicyBinding(pol, None, 10.0, 30.0, STARTUP, {Tier.HOT: 1, Tier.WARM: 2}))
+    first = seen[0]
+    assert first.count(ReplicaState.STANDBY) == 1 and first.count(ReplicaState.ACTIVE) == 1
+    assert first.warm_ready == 2

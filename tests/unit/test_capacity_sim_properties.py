@@ -40,7 +40,7 @@ def scenarios(draw):
     return arr, cfg, draw(st.integers(1, 3))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_every_request_finishes_exactly_once_and_kv_never_overflows(case):
     arr, cfg, replicas = case
@@ -55,7 +55,7 @@ def test_every_request_finishes_exactly_once_and_kv_never_overflows(case):
         assert r.max_used_blocks <= r.num_blocks
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_throughput_never_exceeds_the_roofline(case):
     arr, cfg, replicas = case

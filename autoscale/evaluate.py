@@ -1,0 +1,229 @@
+"""Evaluating a scaling policy: replay a trace through the capacity simulator with the policy in
+the loop - the very `decide` the live adapter calls, taken from the registry - and report SLO
+attainment, GPU-hours, dollars, scale actions and dropped requests.
+
+Every policy sees the same cluster, told to it through one `ScalingSpec`:
+  - bounds and queue target from the cluster file's `autoscaling`, TTFT target from `slo`;
+  - per-replica capacity (requests/s at the SLO) from the capacity model for this trace's
+    request lengths (`capacity.plan_analytic.capacity_rps`);
+  - the trace's peak rate (busiest aligned minute), which only static-peak uses;
+  - start-up times per tier (reference: 5 s hot, 45 s warm, 180 s cold).
+
+Start: a live system was running before the trace began, so every policy starts with the
+replicas its own first decision asks for, and at least enough for the trace's first minute at
+the target utilisation (so an autoscaler is not charged a cold start at t=0, and static-peak
+starts at its fixed count).
+
+Counted: `scale_actions` is the number of times the policy changed its active-replica target;
+`dropped_requests` is every request that never finished (rejected at admission, e.g. longer
+than max_model_len, or still unfinished when the simulation ends). Pure apart from CPU time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from hbmserve.autoscale.registry import POLICIES, ScalingSpec
+from hbmserve.autoscale.types import Snapshot, Tier
+from hbmserve.capacity.arrivals import Arrivals
+from hbmserve.capacity.scenario import Scenario
+from hbmserve.capacity.sim_metrics import SimSummary
+
+REFERENCE_CLUSTER_FILE = "reference_cluster.yaml"
+REFERENCE_STARTUP_S: Mapping[Tier, float] = {Tier.HOT: 5.0, Tier.WARM: 45.0, Tier.COLD: 180.0}
+# Ray Serve's controller runs its autoscaling step every control-loop iteration (0.1 s); a 1 s
+# period keeps every policy's delays exact to a second at a small cost.
+DEFAULT_DECISION_INTERVAL_S = 1.0
+
+
+class EvalError(ValueError):
+    """Input the evaluation cannot use; the message names the field."""
+
+
+@dataclass(frozen=True)
+class TraceScaling:
+    """How a trace is reshaped before the run: time first (0.5 = twice the rate), then tokens
+    (prompt and output lengths times token_scale, at least 1), then the first clip_s seconds."""
+
+    time_scale: float = 1.0
+    token_scale: float = 1.0
+    clip_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, flag in (("time_scale", "--time-scale"), ("token_scale", "--token-scale")):
+            if not getattr(self, name) > 0:
+                raise EvalError(f"{flag} must be > 0, got {getattr(self, name)}")
+        if self.clip_s is not None and not self.clip_s > 0:
+            raise EvalError(f"--clip must be > 0 seconds, got {self.clip_s}")
+
+
+def scale_trace(arr: Arrivals, scaling: TraceScaling) -> Arrivals:
+    if scaling.time_scale != 1.0:
+        arr = arr.scaled(scaling.time_scale)
+    if scaling.token_scale != 1.0:
+        def grow(x: np.ndarray) -> np.ndarray:
+            return np.maximum(1, np.rint(x * scaling.token_scale)).astype(np.int64)
+
+        arr = Arrivals(arr.t, grow(arr.prompt), grow(arr.output), arr.hashes)
+    if scaling.clip_s is not None:
+        arr = arr.window(0.0, scaling.clip_s)
+        if not len(arr):
+            raise EvalError(f"--clip {scaling.clip_s:g}: no request arrives in the first "
+                            f"{scaling.clip_s:g} s of the trace")
+    return arr
+
+
+@dataclass(frozen=True)
+class EvalCluster:
+    model_name: str
+    scenario: Scenario
+    min_replicas: int
+    max_replicas: int
+    target_queue_per_replica: float
+    startup_s: Mapping[Tier, float] = field(default_factory=lambda: dict(REFERENCE_STARTUP_S))
+    decision_interval_s: float = DEFAULT_DECISION_INTERVAL_S
+    source: str = f"(embedded {REFERENCE_CLUSTER_FILE})"
+
+
+def load_eval_cluster(path: str | os.PathLike[str] | None = None, *, model: str | None = None,
+                      startup_s: Mapping[Tier, float] | None = None,
+                      decision_interval_s: float = DEFAULT_DECISION_INTERVAL_S,
+                      catalog: str | os.PathLike[str] | None = None) -> EvalCluster:
+    """The cluster file's model (first one unless `model` names another); None: the reference.
+
+    Raises the cluster/capacity modules' own errors (ConfigError, ScenarioError, ...) or
+    EvalError, each a one-line message for the user."""
+    from hbmserve.capacity.hardware import load_catalog
+    from hbmserve.capacity.scenario import scenario_for
+    from hbmserve.cluster.config import load_cluster_spec
+
+    startup = dict(startup_s or REFERENCE_STARTUP_S)
+    hot, warm, cold = startup[Tier.HOT], startup[Tier.WARM], startup[Tier.COLD]
+    if not 0 <= hot <= warm <= cold:
+        raise EvalError(f"start-up times need 0 <= hot ({hot:g}) <= warm ({warm:g}) <= cold ({cold:g})")
+    if not decision_interval_s > 0:
+        raise EvalError(f"--decision-interval must be > 0, got {decision_interval_s}")
+    if path is None:
+        ref = resources.files("hbmserve.autoscale").joinpath("data", REFERENCE_CLUSTER_FILE)
+        with resources.as_file(ref) as p:
+            spec = load_cluster_spec(p)
+        source = f"(embedded {REFERENCE_CLUSTER_FILE})"
+    else:
+        spec, source = load_cluster_spec(path), str(path)
+    m = spec.model(model) if model else spec.models[0]
+    if m is None:
+        raise EvalError(f"--model {model!r} is not in {source} "
+                        f"({', '.join(x.name for x in spec.models)})")
+    if m.autoscaling is None:
+        raise EvalError(f"models.{m.name}.autoscaling: missing; the evaluation needs "
+                        "min_replicas and max_replicas")
+    return EvalCluster(m.name, scenario_for(m, load_catalog(catalog)), m.autoscaling.min_replicas,
+                       m.autoscaling.max_replicas, m.autoscaling.target_queue_per_replica,
+                       startup, decision_interval_s, source)
+
+
+def scaling_spec(cluster: EvalCluster, arr: Arrivals) -> ScalingSpec:
+    """What every policy is told: see the module docstring."""
+    from hbmserve.capacity.perf_model import cost_model
+    from hbmserve.capacity.plan_analytic import EngineKnobs, capacity_rps
+    from hbmserve.capacity.planner import workload_of
+
+    sc = cluster.scenario
+    e = sc.engine
+    knobs = EngineKnobs(e.max_num_seqs, e.max_num_batched_tokens, e.enable_chunked_prefill,
+                        e.num_blocks * e.block_size)
+    cap, light = capacity_rps(cost_model(sc.deployment), knobs, workload_of(arr), sc.slo_ttft_s,
+                              sc.slo_tpot_s)
+    if cap <= 0:
+        raise EvalError(f"models.{cluster.model_name}: one replica misses the SLO even at light "
+                        f"load (p95 TTFT {light.ttft_p95_s:.2f} s, TPOT {light.tpot_p95_s:.3f} s)")
+    st = cluster.startup_s
+    return ScalingSpec(
+        min_replicas=cluster.min_replicas, max_replicas=cluster.max_replicas,
+        ttft_p95_target_s=sc.slo_ttft_s, target_queue_per_replica=cluster.target_queue_per_replica,
+        replica_capacity_rps=cap, startup_hot_s=st[Tier.HOT], startup_warm_s=st[Tier.WARM],
+        startup_cold_s=st[Tier.COLD], peak_rps=arr.rate_peak())
+
+
+def initial_replicas(decide: Any, config: Any, state: Any, spec: ScalingSpec,
+                     arr: Arrivals) -> int:
+    """Module docstring, "Start"."""
+    first, _ = decide(Snapshot(now=0.0, replicas=()), config, state)
+    first_minute = arr.window(0.0, 60.0)
+    rate = len(first_minute) / 60.0
+    warm = math.ceil(rate / (spec.replica_capacity_rps * spec.target_utilization))
+    return max(spec.min_replicas, min(spec.max_replicas, max(first.target_active, warm)))
+
+
+def count_scale_actions(decisions: tuple[tuple[float, int, str], ...], initial: int) -> int:
+    actions, current = 0, initial
+    for _, target, _ in decisions:
+        if target != current:
+            actions, current = actions + 1, target
+    return actions
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    policy: str
+    summary: SimSummary
+    spec: ScalingSpec
+    initial_replicas: int
+    scale_actions: int
+    replicas_started: int  # replicas brought up after the start, standbys included
+    timeseries: dict[str, np.ndarray] = field(default_factory=dict)
+    decisions: tuple[tuple[float, int, str], ...] = ()
+
+    @property
+    def dropped_requests(self) -> int:
+        return self.summary.requests - self.summary.finished
+
+    @property
+    def scale_actions_per_hour(self) -> float:
+        return self.scale_actions / max(self.summary.makespan_s / 3600.0, 1e-9)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        s = self.summary
+        return {
+            "policy": self.policy,
+            "slo_attainment": s.slo_attainment, "ttft_p50_s": s.ttft.p50, "ttft_p95_s": s.ttft.p95,
+            "ttft_p99_s": s.ttft.p99, "tpot_p50_s": s.tpot.p50, "tpot_p95_s": s.tpot.p95,
+            "gpu_hours": s.gpu_hours, "cost_usd": s.cost_usd, "usd_per_mtok": s.usd_per_mtok,
+            "scale_actions": self.scale_actions, "scale_actions_per_hour": self.scale_actions_per_hour,
+            "replicas_started": self.replicas_started, "dropped_requests": self.dropped_requests,
+            "requests": s.requests, "finished": s.finished, "rejected": s.rejected,
+            "unfinished": s.unfinished, "preemptions": s.preemptions,
+            "mean_replicas": s.mean_replicas, "peak_replicas": s.peak_replicas,
+            "initial_replicas": self.initial_replicas, "makespan_s": s.makespan_s,
+            "replica_capacity_rps": self.spec.replica_capacity_rps, "peak_rps": self.spec.peak_rps,
+        }
+
+
+def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals,
+             spec: ScalingSpec | None = None) -> EvalResult:
+    """Run one registered policy over `arr` on `cluster` (spec: scaling_spec(cluster, arr))."""
+    from hbmserve.capacity.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
+
+    entry = POLICIES.get(policy)
+    if entry is None:
+        raise EvalError(f"--policy {policy!r}: not one of {', '.join(POLICIES)}")
+    spec = spec or scaling_spec(cluster, arr)
+    config = entry.make_config(spec)
+    start = initial_replicas(entry.decide, config, entry.initial_state(), spec, arr)
+    binding = PolicyBinding(lambda snapshot, state: entry.decide(snapshot, config, state),
+                            entry.initial_state(), cluster.decision_interval_s,
+                            startup_s=dict(cluster.startup_s))
+    sc = cluster.scenario
+    sim = SimCluster(sc.deployment, sc.engine, start, SLOSpec(sc.slo_ttft_s, sc.slo_tpot_s),
+                     sc.usd_per_gpu_hour)
+    result = simulate(sim, arr, binding)
+    return EvalResult(policy, result.summary, spec, start,
+                      count_scale_actions(result.decisions, start),
+                      len(result.replicas) - start, result.timeseries, result.decisions)

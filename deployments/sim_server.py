@@ -1,0 +1,232 @@
+"""The simulated engine (capacity/sim_engine.py) served over a small OpenAI-compatible HTTP app.
+
+`SimHttpServer` has the same interface as `VLLMHttpServer` (start/stop/healthy/counters/
+engine_stats) and the same data path: one FastAPI app behind `IngressMiddleware`, served by
+uvicorn on the replica's event loop, on the model's shared port. Tokens arrive at the pace the
+performance model predicts for `sim.gpu` running `sim.model_config_name` at the model's TP/PP,
+`sim.speedup` times faster, so the real Serve control plane can run tens of "70B on H100"
+replicas on two cores. What the protocol estimates (prompt tokens, reply text) is in
+sim_protocol.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from hbmserve.cluster.config import ModelSpec
+from hbmserve.deployments.admission import AdmissionBudget
+from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
+from hbmserve.deployments.replica_http import AsgiListener, EngineLoad, bind_shared
+from hbmserve.deployments.sim_protocol import (ChatRequest, CompletionRequest, GenerationPlan, Rejection,
+                                               chat_prompt, completion_prompt, error_body, filler_text,
+                                               plan_generation, token_text, usage)
+
+log = logging.getLogger("hbmserve.replica")
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def _sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class _Reply:
+    """One request's response envelope: the same id/created/model on every chunk."""
+
+    def __init__(self, chat: bool, model: str, plan: GenerationPlan):
+        self.chat, self.model, self.plan = chat, model, plan
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def chunk(self, text: str | None, finish: str | None) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if text is None else {"content": text}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return self._envelope("chat.completion.chunk", [choice])
+        return self._envelope("text_completion", [{"index": 0, "text": text or "", "logprobs": None,
+                                                   "finish_reason": finish}])
+
+    def usage_chunk(self, n: int) -> dict:
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", []) | {
+            "usage": usage(self.plan, n)}
+
+    def whole(self, n: int) -> dict:
+        text = filler_text(n)
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": self.plan.finish_reason}
+            body = self._envelope("chat.completion", [choice])
+        else:
+            body = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
+                                                       "finish_reason": self.plan.finish_reason}])
+        return body | {"usage": usage(self.plan, n)}
+
+
+def build_sim_openai_app(engine, model_name: str, max_model_len: int):
+    """The FastAPI app over a started-or-lazy `SimEngine`; no listener, no middleware."""
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException
+
+    from hbmserve.capacity.sim_engine import RequestRejected
+
+    app = FastAPI(title=f"hbmserve sim: {model_name}", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_, exc: OpenAIError):
+        return JSONResponse(error_body(exc.status, exc.message, exc.param), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(_, exc: RequestValidationError):
+        # OpenAI answers 400 for a malformed body, not FastAPI's 422.
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request", "type": ""}
+        loc = [str(p) for p in first["loc"] if p != "body"]
+        field = ".".join(loc) if loc and first.get("type") != "json_invalid" else None
+        message = f"{field}: {first['msg']}" if field else f"invalid request body: {first['msg']}"
+        return JSONResponse(error_body(400, message, field), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_, exc: HTTPException):
+        return JSONResponse(error_body(exc.status_code, str(exc.detail), None), status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200 if engine.stats().ready else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "hbmserve",
+                "root": model_name, "parent": None, "max_model_len": max_model_len}
+        return {"object": "list", "data": [card]}
+
+    async def serve(req: CompletionRequest | ChatRequest, chat: bool):
+        if req.model != model_name:
+            raise OpenAIError(404, f"The model `{req.model}` does not exist.", "model")
+        if chat:
+            key, prompt_tokens = chat_prompt(req)
+            max_tokens = req.max_completion_tokens or req.max_tokens
+        else:
+            prompt = completion_prompt(req)
+            if isinstance(prompt, Rejection):
+                raise OpenAIError(400, prompt.message, prompt.param)
+            (key, prompt_tokens), max_tokens = prompt, req.max_tokens
+        plan = plan_generation(key, prompt_tokens, max_tokens, max_model_len)
+        if isinstance(plan, Rejection):
+            raise OpenAIError(400, plan.message, plan.param)
+        reply = _Reply(chat, model_name, plan)
+        tokens = engine.generate(reply.id, plan.prompt_tokens, plan.output_tokens)
+        # Wait for the first token before answering: errors then become 4xx/5xx, and the first
+        # body byte (the ingress middleware's TTFT sample) is the first token, as with vLLM.
+        try:
+            first = await anext(tokens)
+        except RequestRejected as err:
+            raise OpenAIError(400, str(err), "max_tokens") from None
+        except StopAsyncIteration:
+            raise OpenAIError(503, "the simulated engine is shutting down") from None
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(_stream(reply, first, tokens, include_usage), media_type="text/event-stream")
+        n = 1 + sum([1 async for _ in tokens])
+        if n < plan.output_tokens:
+            raise OpenAIError(503, "the simulated engine stopped before the reply was complete")
+        return JSONResponse(reply.whole(n))
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        return await serve(req, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatRequest):
+        return await serve(req, chat=True)
+
+    return app
+
+
+async def _stream(reply: _Reply, first: int, tokens: AsyncIterator[int], include_usage: bool) -> AsyncIterator[bytes]:
+    last = reply.plan.output_tokens - 1
+    try:
+        if reply.chat:
+            yield _sse(reply.chunk(None, None))
+        n, i = 0, first
+        while True:
+            n += 1
+            yield _sse(reply.chunk(token_text(i), reply.plan.finish_reason if i == last else None))
+            if i == last:
+                break
+            try:
+                i = await anext(tokens)
+            except StopAsyncIteration:
+                yield _sse(error_body(503, "the simulated engine stopped before the reply was complete", None))
+                break
+        if include_usage:
+            yield _sse(reply.usage_chunk(n))
+        yield b"data: [DONE]\n\n"
+    finally:
+        # A client that goes away mid-stream cancels this generator: free its engine slot now,
+        # not whenever the garbage collector finalizes the token stream.
+        await tokens.aclose()
+
+
+class SimHttpServer:
+    """A replica's simulated engine and its HTTP server; the engine is built in `start()`."""
+
+    def __init__(self, model: ModelSpec, host: str, port: int, budget: AdmissionBudget, api_keys: frozenset[str]):
+        self.model = model
+        self.host, self.port = host, port
+        self.budget = budget
+        self.api_keys = api_keys
+        self.counters = LoadCounters()
+        self.engine = None
+        self.url: str | None = None
+        self._listener = AsgiListener()
+
+    async def start(self) -> str:
+        from hbmserve.capacity.hardware import load_catalog
+        from hbmserve.capacity.scenario import scenario_for
+        from hbmserve.capacity.sim_engine import SimEngine
+
+        sc = scenario_for(self.model, load_catalog())
+        self.engine = SimEngine(sc.deployment, sc.engine, speedup=self.model.sim.speedup,
+                                startup_s=self.model.sim.startup_s)
+        # The start-up delay passes before the port is bound: a replica still "loading weights"
+        # must not take connections from the shared port.
+        await self.engine.wait_ready()
+        app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len)
+        sock = bind_shared(self.host, self.port)
+        host, port = sock.getsockname()[:2]
+        try:
+            await self._listener.start(IngressMiddleware(app, self.budget, self.api_keys, self.counters), sock)
+        except BaseException:
+            sock.close()
+            await self.engine.shutdown()
+            raise
+        self.url = f"http://{host}:{port}"
+        log.info("serving simulated %s (%s on %s, %gx) on %s", self.model.name, self.model.sim.model_config_name,
+                 self.model.sim.gpu, self.model.sim.speedup, self.url)
+        return self.url
+
+    async def stop(self) -> None:
+        await self._listener.stop()
+        if self.engine is not None:
+            await self.engine.shutdown()
+
+    def engine_stats(self) -> EngineLoad:
+        if self.engine is None:
+            return EngineLoad(waiting=0, running=0, kv_usage=0.0)
+        s = self.engine.stats()
+        return EngineLoad(waiting=s.waiting, running=s.running, kv_usage=s.kv_usage)
+
+    def healthy(self) -> bool:
+        return self._listener.serving and self.engine is not None and self.engine.stats().ready
