@@ -16,7 +16,9 @@ starts at its fixed count).
 
 Counted: `scale_actions` is the number of times the policy changed its active-replica target;
 `dropped_requests` is every request that never finished (rejected at admission, e.g. longer
-than max_model_len, or still unfinished when the simulation ends). Pure apart from CPU time.
+than max_model_len, or still unfinished when the simulation ends).
+
+`evaluate` is pure apart from CPU time; `load_eval_cluster` is the one function that reads files.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from hbmserve.autoscale.registry import POLICIES, ScalingSpec
+from hbmserve.autoscale.registry import POLICIES, PolicyEntry, ScalingSpec
 from hbmserve.autoscale.types import Snapshot, Tier
 from hbmserve.capacity.arrivals import Arrivals
 from hbmserve.capacity.scenario import Scenario
@@ -206,12 +208,23 @@ class EvalResult:
         }
 
 
-def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals,
-             spec: ScalingSpec | None = None) -> EvalResult:
-    """Run one registered policy over `arr` on `cluster` (spec: scaling_spec(cluster, arr))."""
+def _look_back_s(config: Any) -> float:
+    """The window the policy expects its snapshot's TTFT samples and arrival rate over."""
+    for name in ("look_back_s", "look_back_period_s"):
+        value = getattr(config, name, None)
+        if value is not None:
+            return float(value)
+    return 30.0
+
+
+def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals, spec: ScalingSpec | None = None,
+             entry: PolicyEntry | None = None) -> EvalResult:
+    """Run the registered policy `policy` over `arr` on `cluster` (spec: scaling_spec(cluster,
+    arr)). `entry` replaces the registry's, e.g. a baseline with another config mapping; the
+    result is still labelled `policy`."""
     from hbmserve.capacity.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
 
-    entry = POLICIES.get(policy)
+    entry = entry or POLICIES.get(policy)
     if entry is None:
         raise EvalError(f"--policy {policy!r}: not one of {', '.join(POLICIES)}")
     spec = spec or scaling_spec(cluster, arr)
@@ -219,7 +232,7 @@ def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals,
     start = initial_replicas(entry.decide, config, entry.initial_state(), spec, arr)
     binding = PolicyBinding(lambda snapshot, state: entry.decide(snapshot, config, state),
                             entry.initial_state(), cluster.decision_interval_s,
-                            startup_s=dict(cluster.startup_s))
+                            lookback_s=_look_back_s(config), startup_s=dict(cluster.startup_s))
     sc = cluster.scenario
     sim = SimCluster(sc.deployment, sc.engine, start, SLOSpec(sc.slo_ttft_s, sc.slo_tpot_s),
                      sc.usd_per_gpu_hour)

@@ -71,7 +71,7 @@ class AutoscaleConfig:
     slo_miss_usd: float = 0.01
     upscale_delay_s: float = 5.0  # for symptom-driven scale-up
     rate_upscale_delay_s: float = 30.0  # for forecast-only scale-up
-    downscale_delay_s: float = 120.0
+    downscale_delay_s: float = 60.0  # tuned: ops/bench/autoscale_eval.py
     scale_to_zero_delay_s: float | None = None  # None: downscale_delay_s
     downscale_cooldown_s: float = 60.0  # no scale-down this soon after a scale-up
     # Window the driver uses for ttft_samples_s and arrival_rate_rps.
@@ -83,7 +83,8 @@ class AutoscaleConfig:
     slope_noise_window_s: float = 300.0  # memory of how much the slope estimate wanders
     min_ttft_samples: int = 5
     max_ttft_growth: float = 2.0
-    ttft_down_fraction: float = 0.5
+    # A fraction of the TTFT target, not of the idle TTFT: long prompts alone can take half of it.
+    ttft_down_fraction: float = 0.8
     queue_down_fraction: float = 0.25
     kv_usage_down_max: float = 0.8
 

@@ -38,6 +38,7 @@ STAT_KV_USAGE = "hbm_kv_usage"
 STAT_TTFT_P95_S = "hbm_ttft_p95_s"  # the replica's p95 TTFT over its own recent window
 STAT_ARRIVAL_RPS = "hbm_arrival_rps"  # requests/s the replica received over the window
 STAT_STANDBY = "hbm_standby"  # 1.0 while a hot standby (loaded, not routed to)
+STAT_PENDING = "hbm_pending"  # requests held at hbmserve's ingress, waiting for any replica
 
 POLICY_STATE_KEY = "hbmserve"
 DECISION_KEY = "hbmserve_decision"
@@ -79,7 +80,7 @@ def snapshot_from_context(ctx: Any, look_back_s: float) -> Snapshot:
     Per replica: the latest reported value of each stat. TTFT samples: every per-replica p95
     reported inside the look-back window (the p95 of those approximates the fleet's p95 from
     above). STARTING: replicas Serve targets but does not yet run. Requests queued at
-    handles are the ingress backlog.
+    held at hbmserve's ingress (STAT_PENDING) are the ingress backlog.
     """
     now = ctx.current_time if ctx.current_time is not None else time.time()
     replicas: list[ReplicaSnapshot] = []
@@ -101,7 +102,10 @@ def snapshot_from_context(ctx: Any, look_back_s: float) -> Snapshot:
         ttft.extend(float(p.value) for p in series if p.timestamp >= now - look_back_s)
     for i in range(max(0, ctx.target_num_replicas - ctx.current_num_replicas)):
         replicas.append(ReplicaSnapshot(replica_id=f"starting-{i}", state=ReplicaState.STARTING))
-    queued = ctx.total_queued_requests or 0.0
+    # Not ctx.total_queued_requests: hbmserve's requests never pass through Serve handles (the
+    # replicas serve HTTP themselves), so Serve's handle queue holds only control-plane calls
+    # such as `hbmserve status` probes, which must not look like user demand.
+    queued = max((_latest(ctx, STAT_PENDING, rid) or 0.0 for rid in ctx.running_replicas), default=0.0)
     return Snapshot(now=float(now), replicas=tuple(replicas), ttft_samples_s=tuple(ttft),
                     arrival_rate_rps=arrival, pending_at_ingress=math.ceil(queued))
 
@@ -132,8 +136,11 @@ class HbmServeAutoscalingPolicy:
     """What `AutoscalingPolicy(policy_function=POLICY_PATH, policy_kwargs=...)` builds."""
 
     def __init__(self, **config_fields: Any) -> None:
+        from hbmserve.autoscale.decision_log import DecisionLog
+
         self.config = AutoscaleConfig.from_dict(config_fields)
         self._log = logging.getLogger("ray.serve")
+        self._decisions = DecisionLog()
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         target, policy_state = decide_from_context(ctx, self.config)
@@ -143,6 +150,8 @@ class HbmServeAutoscalingPolicy:
                 decision["target_active"], decision["target_standby"]):
             self._log.info("hbmserve autoscale %s: serve replicas %d; %s",
                            getattr(ctx, "deployment_name", "?"), target, decision["reason"])
+        self._decisions.publish(getattr(ctx, "app_name", None), getattr(ctx, "deployment_name", "?"), target,
+                                decision)
         return target, policy_state
 
 

@@ -12,6 +12,7 @@ SUBCOMMAND_MODULES = (
     "hbmserve.cluster.serve_cli",
     "hbmserve.placement.cli",
     "hbmserve.capacity.cli",
+    "hbmserve.autoscale.cli",
 )
 
 

@@ -67,10 +67,31 @@ class Parallelism(_Strict):
     pp: Annotated[int, Field(ge=1, le=64)] = 1
 
 
+class TierStartup(_Strict):
+    """Measured seconds from "scale up" to "serving", per tier (autoscale/types.py Tier)."""
+
+    hot: Annotated[float, Field(ge=0)] = 5.0  # engine loaded, idle or sleeping
+    warm: Annotated[float, Field(ge=0)] = 45.0  # node up, weights on local NVMe
+    cold: Annotated[float, Field(ge=0)] = 180.0  # node to provision, weights to download
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TierStartup:
+        if not self.hot <= self.warm <= self.cold:
+            raise ValueError(f"need hot <= warm <= cold, got {self.hot}, {self.warm}, {self.cold}")
+        return self
+
+
 class AutoscalingSpec(_Strict):
     min_replicas: Annotated[int, Field(ge=0)] = 1
     max_replicas: Annotated[int, Field(ge=1)] = 1
     target_queue_per_replica: Annotated[float, Field(gt=0)] = 4.0
+    # Requests/s one replica sustains inside the SLO; `hbmserve plan` estimates it.
+    replica_capacity_rps: Annotated[float, Field(gt=0)] = 1.0
+    startup_s: TierStartup = TierStartup()
+    upscale_delay_s: Annotated[float, Field(ge=0)] = 5.0
+    downscale_delay_s: Annotated[float, Field(ge=0)] = 60.0
+    # No scale-down this soon after a scale-up.
+    downscale_cooldown_s: Annotated[float, Field(ge=0)] = 60.0
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSpec:
@@ -99,6 +120,9 @@ class SimEngineSpec(_Strict):
     model_config_name: str = "llama-3.1-8b"
     speedup: Annotated[float, Field(gt=0)] = 1.0
     startup_s: Annotated[float, Field(ge=0)] = 0.0
+    # Hold tp x pp (fake) GPUs as a real engine would, so GPU placement can be exercised on
+    # machines without GPUs (Ray nodes started with a fake `num_gpus`).
+    reserve_gpus: bool = False
 
 
 class ModelSpec(_Strict):
@@ -113,6 +137,10 @@ class ModelSpec(_Strict):
     slo: SLO = SLO()
     hardware: Hardware = Hardware()
     sim: SimEngineSpec = SimEngineSpec()
+
+    @property
+    def needs_gpus(self) -> bool:
+        return self.engine is EngineKind.VLLM_GPU or (self.engine is EngineKind.SIM and self.sim.reserve_gpus)
 
     @model_validator(mode="after")
     def _cpu_has_no_model_parallelism(self) -> ModelSpec:
@@ -137,6 +165,9 @@ class ServeSpec(_Strict):
 class ClusterSpec(_Strict):
     name: Annotated[str, Field(min_length=1)] = "hbmserve"
     serve: ServeSpec = ServeSpec()
+    # A cluster file (placement/cluster_file.py format). When set, every model that needs GPUs
+    # gets its replicas placed by the placement planner (deployments/placed_app.py).
+    topology: str | None = None
     models: Annotated[list[ModelSpec], Field(min_length=1)]
 
     @model_validator(mode="after")
@@ -149,6 +180,10 @@ class ClusterSpec(_Strict):
 
     def model(self, name: str) -> ModelSpec | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def plans_placement(self, model: ModelSpec) -> bool:
+        """Whether `model`'s replicas are placed by the planner rather than by Serve alone."""
+        return self.topology is not None and model.needs_gpus
 
 
 def _format_errors(source: str, err: ValidationError) -> str:
@@ -166,9 +201,21 @@ def parse_cluster_spec(data: object, source: str = "<data>") -> ClusterSpec:
     if not isinstance(data, dict):
         raise ConfigError(f"invalid config {source}: the top level must be a mapping with a 'models' list")
     try:
-        return ClusterSpec.model_validate(data)
+        spec = ClusterSpec.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_errors(source, err)) from None
+    problems = _placement_problems(spec)
+    if problems:
+        raise ConfigError("\n  ".join([f"invalid config {source}:", *problems]))
+    return spec
+
+
+def _placement_problems(spec: ClusterSpec) -> list[str]:
+    # A plan fixes every replica's GPUs up front; Serve autoscaling would add replicas the plan
+    # never saw (and placement groups nobody verified).
+    return [f"models.{i}.autoscaling: not supported together with placement planning (`topology` is set "
+            f"and the model needs GPUs) yet; use a fixed `replicas` count"
+            for i, m in enumerate(spec.models) if m.autoscaling is not None and spec.plans_placement(m)]
 
 
 def load_cluster_spec(path: str | os.PathLike[str] | None = None) -> ClusterSpec:
@@ -191,7 +238,7 @@ def load_cluster_spec(path: str | os.PathLike[str] | None = None) -> ClusterSpec
     except yaml.YAMLError as err:
         raise ConfigError(f"invalid config {source}: not valid YAML ({err})") from None
     spec = parse_cluster_spec(data, source)
-    return _resolve_sources(spec, base)
+    return _resolve_topology(_resolve_sources(spec, base), base, source)
 
 
 def _resolve_sources(spec: ClusterSpec, base: Path) -> ClusterSpec:
@@ -202,3 +249,20 @@ def _resolve_sources(spec: ClusterSpec, base: Path) -> ClusterSpec:
             m = m.model_copy(update={"source": str(src if src.is_absolute() else (base / src).resolve())})
         models.append(m)
     return spec.model_copy(update={"models": models})
+
+
+def _resolve_topology(spec: ClusterSpec, base: Path, source: str) -> ClusterSpec:
+    """Make `topology` absolute (like model sources) and check that the file parses now, not at deploy."""
+    if spec.topology is None:
+        return spec
+    from hbmserve.placement.cluster_file import TopologyFileError, load_cluster_file
+
+    path = Path(os.path.expanduser(spec.topology))
+    path = path if path.is_absolute() else (base / path).resolve()
+    if not path.is_file():
+        raise ConfigError(f"invalid config {source}:\n  topology: no cluster file at {path}")
+    try:
+        load_cluster_file(path)
+    except TopologyFileError as err:
+        raise ConfigError(f"invalid config {source}:\n  topology: {err}") from None
+    return spec.model_copy(update={"topology": str(path)})

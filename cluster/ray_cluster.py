@@ -102,17 +102,52 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
     problems = unsupported_engines(spec)
     if problems:
         raise ClusterError("cannot deploy:\n  " + "\n  ".join(problems))
+    plans = _placement_plans(spec)  # before Serve starts: an infeasible plan deploys nothing
     # No Serve proxy: replicas serve HTTP themselves (deployments/vllm_server.py says why).
     serve.start(proxy_location="Disabled", http_options={"host": spec.serve.http.host})
     ports = model_ports(spec)
     endpoints = {}
     for m in spec.models:
+        if m.name in plans:
+            from hbmserve.deployments.placed_app import build_placed_app
+
+            result, topology = plans[m.name]
+            app = build_placed_app(spec.serve.http.host, spec.serve.api_key_env, m, ports[m.name], result, topology)
+        else:
+            app = build_model_app(spec, m, ports[m.name])
         try:
-            handle = serve.run(build_model_app(spec, m, ports[m.name]), name=m.name, route_prefix=None)
+            handle = serve.run(app, name=m.name, route_prefix=None)
         except RuntimeError as err:
             raise ClusterError(f"model {m.name} failed to deploy: {err}") from None
         endpoints[m.name] = handle.info.remote().result(timeout_s=60)["url"]
     return endpoints
+
+
+def _placement_plans(spec: ClusterSpec) -> dict:
+    """model name -> (PlacementPlan, ClusterTopology) for every model the planner places.
+
+    Models are planned in config order on one topology, each avoiding the GPUs of those before
+    it. GPUs held by anything else in the live cluster are not known to the plan; Ray then cannot
+    create the placement group and the replica stays pending (visible in `hbmserve status`).
+    """
+    placed = [m for m in spec.models if spec.plans_placement(m) and m.replicas > 0]
+    if not placed:
+        return {}
+    from hbmserve.deployments.placed_app import infeasible_message, plan_model
+    from hbmserve.placement.cluster_file import TopologyFileError, load_cluster_file
+
+    try:
+        topology = load_cluster_file(spec.topology)
+    except TopologyFileError as err:
+        raise ClusterError(f"topology: {err}") from None
+    plans, in_use = {}, frozenset()
+    for m in placed:
+        result = plan_model(m, topology, in_use)
+        if not result.feasible:
+            raise ClusterError(f"cannot deploy: {infeasible_message(m, result)}")
+        plans[m.name] = (result, topology)
+        in_use |= {g for r in result.replicas for g in r.members}
+    return plans
 
 
 @dataclass(frozen=True)
@@ -122,6 +157,8 @@ class ReplicaStats:
     accepted: int  # requests admitted since the replica started
     rejected: int  # 429s
     in_flight: int
+    # Planned replicas only: placement_verified and what crossed (placement/verification.py).
+    placement: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +169,8 @@ class ModelStatus:
     endpoints: tuple[str, ...]
     message: str
     replica_stats: tuple[ReplicaStats, ...] = ()  # the running replicas that answered
+    # The autoscaling policy's last decision and reason; None with a fixed replica count.
+    autoscale: dict | None = None
 
 
 def _probe_replicas(handle, running: int, rounds: int = 5) -> dict[str, dict]:
@@ -139,7 +178,7 @@ def _probe_replicas(handle, running: int, rounds: int = 5) -> dict[str, dict]:
     replica, the less busy of two; calls sent together spread out, so a few rounds find all."""
     seen: dict[str, dict] = {}
     for _ in range(rounds):
-        for response in [handle.info.remote() for _ in range(2 * running)]:
+        for response in [handle.info.remote() for _ in range(min(2 * running, 64))]:
             info = response.result(timeout_s=10)
             seen[f"{info['node_id'][:8]}:{info['pid']}"] = info
         if len(seen) >= running:
@@ -148,20 +187,33 @@ def _probe_replicas(handle, running: int, rounds: int = 5) -> dict[str, dict]:
 
 
 def status() -> list[ModelStatus]:
+    import logging
+
     from ray import serve
+
+    from hbmserve.autoscale.decision_log import latest_decision
+
+    # The handle's router warns each time a busy replica answers its queue-length probe late
+    # (routinely, with tens of replicas on two cores); status only reads counters.
+    logging.getLogger("ray.serve").setLevel(logging.ERROR)
 
     out = []
     for name, app in serve.status().applications.items():
         replicas: dict[str, int] = {}
-        for dep in app.deployments.values():
-            for state, n in dep.replica_states.items():
-                replicas[str(getattr(state, "value", state))] = replicas.get(str(getattr(state, "value", state)), 0) + n
-        running = replicas.get("RUNNING", 0)
-        seen = _probe_replicas(serve.get_app_handle(name), running) if running else {}
-        stats = tuple(ReplicaStats(key, i["url"], i["accepted"], i["rejected"], i["in_flight"])
+        seen: dict[str, dict] = {}
+        # A planned model has a deployment per replica (deployments/placed_app.py): probe each.
+        for dep_name, dep in app.deployments.items():
+            states = {str(getattr(state, "value", state)): n for state, n in dep.replica_states.items()}
+            for state, n in states.items():
+                replicas[state] = replicas.get(state, 0) + n
+            if states.get("RUNNING", 0):
+                seen |= _probe_replicas(serve.get_deployment_handle(dep_name, app_name=name), states["RUNNING"])
+        stats = tuple(ReplicaStats(key, i["url"], i["accepted"], i["rejected"], i["in_flight"], i.get("placement"))
                       for key, i in sorted(seen.items()))
+        decisions = [d for d in (latest_decision(name, dep) for dep in app.deployments) if d]
         out.append(ModelStatus(name, str(getattr(app.status, "value", app.status)), replicas,
-                               tuple(sorted({s.url for s in stats})), app.message, stats))
+                               tuple(sorted({s.url for s in stats})), app.message, stats,
+                               decisions[0] if decisions else None))
     return out
 
 

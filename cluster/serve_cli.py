@@ -175,6 +175,18 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         accepted = " / ".join(str(r.accepted) for r in m.replica_stats) or "-"
         table.add_row(m.name, m.app_status, reps, "\n".join(m.endpoints) or "-", accepted)
     out.print(table if models else "no models deployed")
+    for m in models:
+        if m.autoscale:
+            out.print(f"[bold]{m.name}[/] autoscale -> {m.autoscale['serve_target']} replicas: {m.autoscale['reason']}",
+                      highlight=False)
+        placed = [r.placement for r in m.replica_stats if r.placement is not None]
+        if placed:
+            ok = sum(1 for p in placed if p["placement_verified"])
+            out.print(f"[bold]{m.name}[/] placement verified on {ok}/{len(placed)} replicas", highlight=False)
+            for p in placed:
+                if not p["placement_verified"]:
+                    out.print(f"  [yellow]{p['reason']}[/] (expected extra all-reduce "
+                              f"{p['expected_extra_allreduce_us']} us)", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

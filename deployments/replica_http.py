@@ -12,6 +12,11 @@ import contextlib
 import socket
 from dataclasses import dataclass
 
+# A replica being removed stops accepting connections at once (the kernel sends new ones to
+# the model's other replicas on the shared port) and gets this long to finish in-flight
+# requests; Serve's graceful_shutdown_timeout_s must exceed it (serve_app.py).
+DRAIN_TIMEOUT_S = 25.0
+
 
 @dataclass(frozen=True)
 class EngineLoad:
@@ -47,7 +52,8 @@ class AsgiListener:
     async def start(self, asgi, sock: socket.socket) -> None:
         import uvicorn
 
-        config = uvicorn.Config(asgi, log_level="warning", access_log=False, timeout_keep_alive=30)
+        config = uvicorn.Config(asgi, log_level="warning", access_log=False, timeout_keep_alive=30,
+                                timeout_graceful_shutdown=DRAIN_TIMEOUT_S)
         self._server = _no_signal_server(config)
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
@@ -56,7 +62,8 @@ class AsgiListener:
                 raise RuntimeError("the HTTP server exited before it started serving")
             await asyncio.sleep(0.05)
 
-    async def stop(self, timeout_s: float = 10.0) -> None:
+    async def stop(self, timeout_s: float = DRAIN_TIMEOUT_S + 2) -> None:
+        """Drain: close the listening socket, let in-flight requests finish, then return."""
         if self._server is not None:
             self._server.should_exit = True
             with contextlib.suppress(Exception):

@@ -56,8 +56,9 @@ class EngineReplica:
         self.server = ENGINE_SERVERS[self.model.engine](self.model, host, port, api_keys)
         self.url = await self.server.start()
 
-    def record_autoscaling_stats(self) -> dict[str, float]:
-        """Custom metrics for the autoscaling policy (autoscale/serve_adapter.py)."""
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Custom metrics for the autoscaling policy (autoscale/serve_adapter.py). Async: the
+        engine's stats live on the replica's event loop, and Serve runs sync methods in threads."""
         from hbmserve.autoscale.serve_adapter import autoscaling_stats
 
         now = time.monotonic()
@@ -125,8 +126,9 @@ def _sim_scenario_problems(spec: ClusterSpec) -> list[str]:
 def actor_options(model: ModelSpec) -> dict:
     if model.engine is EngineKind.SIM:
         # The simulated engine is a few coroutines on the replica's event loop, mostly asleep:
-        # tens of replicas must fit on two cores, and it holds no GPU.
-        return {"num_cpus": 0}
+        # tens of replicas must fit on two cores, and it holds no GPU unless asked to.
+        gpus = model.parallelism.tp * model.parallelism.pp if model.sim.reserve_gpus else 0
+        return {"num_cpus": 0, "num_gpus": gpus} if gpus else {"num_cpus": 0}
     if model.engine is EngineKind.VLLM_CPU:
         # The engine core runs in its own process and takes the cores it needs; the replica
         # actor itself mostly waits on sockets.
@@ -136,17 +138,31 @@ def actor_options(model: ModelSpec) -> dict:
     return {"num_cpus": 1, "num_gpus": 1 if model.parallelism.tp * model.parallelism.pp == 1 else 0}
 
 
+def scaling_options(model: ModelSpec) -> dict:
+    """Fixed `replicas`, or Serve autoscaling driven by hbmserve's policy (autoscale/)."""
+    from hbmserve.autoscale.from_spec import autoscale_config_for
+    from hbmserve.autoscale.serve_adapter import serve_autoscaling_config
+
+    config = autoscale_config_for(model)
+    if config is None:
+        return {"num_replicas": model.replicas}
+    return {"autoscaling_config": serve_autoscaling_config(config)}
+
+
 def build_model_app(spec: ClusterSpec, model: ModelSpec, port: int):
     from ray import serve
+
+    from hbmserve.deployments.replica_http import DRAIN_TIMEOUT_S
 
     deployment = serve.deployment(
         EngineReplica,
         name=f"engine-{model.name}".replace("/", "-").replace(":", "-"),
-        num_replicas=model.replicas,
         ray_actor_options=actor_options(model),
         health_check_period_s=10,
         health_check_timeout_s=30,
-        graceful_shutdown_timeout_s=30,
+        # Past this Serve kills the replica; the replica's own drain must finish first.
+        graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S + 10,
+        **scaling_options(model),
     )
     return deployment.bind(model.model_dump_json(), spec.serve.http.host, port, spec.serve.api_key_env)
 

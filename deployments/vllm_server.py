@@ -48,13 +48,20 @@ class VLLMHttpServer:
 
         os.environ.update(dict(self.launch.env))
         args = self._parse_args()
-        sock = bind_shared(args.host, args.port)
-        host, port = sock.getsockname()[:2]
         try:
             self.engine_client = await self._stack.enter_async_context(build_async_engine_client(args))
             tasks = await self.engine_client.get_supported_tasks()
             app = build_app(args, tasks, self.engine_client.model_config)
             await init_app_state(self.engine_client, app.state, args, tasks)
+            # Bind only once the engine is loaded: the port is shared (SO_REUSEPORT), and a
+            # loading replica that listened would take its share of connections and hold them
+            # for the whole load.
+            sock = bind_shared(args.host, args.port)
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        host, port = sock.getsockname()[:2]
+        try:
             await self._listener.start(IngressMiddleware(app, self.budget, self.api_keys, self.counters), sock)
         except BaseException:
             sock.close()

@@ -21,13 +21,14 @@ from pathlib import Path
 import pytest
 
 import hbmserve.placement as placement_pkg
-from hbmserve.placement.bootstrap import NODE_LABEL, bootstrap_node
+from hbmserve.placement.bootstrap import NODE_LABEL
 from hbmserve.placement.cluster_file import parse_cluster_text
 from hbmserve.placement.plan_types import PlacementRequest
 from hbmserve.placement.planner import plan
 from hbmserve.placement.ray_adapter import create_placement_group, placement_group_specs, rank_scheduling_strategy
 from hbmserve.placement.topology import GpuRef
 from hbmserve.placement.verification import Crossing, RankReport, verify_replica
+from tests.integration.placement_cluster import start_placement_cluster
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[cpu]')")
 
@@ -58,18 +59,10 @@ def _topology():
 
 @pytest.fixture(scope="module")
 def live():
-    from ray.cluster_utils import Cluster
-
     _DEADLINE[0] = time.monotonic() + BUDGET_S
     topology = _topology()
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False})
+    cluster = start_placement_cluster(topology, timeout_s=_left())
     try:
-        for node in topology.nodes:
-            spec = bootstrap_node(node)
-            cluster.add_node(num_cpus=1, num_gpus=len(node.gpus), resources=dict(spec.resources),
-                             labels=dict(spec.labels))
-        cluster.wait_for_nodes(timeout=_left())
         ray.init(address=cluster.address, log_to_driver=False)
         yield topology
     finally:

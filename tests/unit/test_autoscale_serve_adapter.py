@@ -42,6 +42,7 @@ def context(*, config=None, policy_state=None, current=2, target=4, queued=2.4, 
         sa.STAT_KV_USAGE: {r1: series((now - 1, 0.75)), r2: series((now - 1, 0.0))},
         sa.STAT_STANDBY: {r1: series((now - 1, 0.0)), r2: series((now - 1, 1.0))},
         sa.STAT_ARRIVAL_RPS: {r1: series((now - 1, 3.5)), r2: series((now - 1, 0.0))},
+        sa.STAT_PENDING: {r1: series((now - 1, 2.0)), r2: series((now - 1, 0.0))},
         # one point older than the 30 s look-back, two inside
         sa.STAT_TTFT_P95_S: {r1: series((now - 45, 9.0), (now - 20, 1.5), (now - 1, 2.5))},
     }
@@ -67,7 +68,9 @@ def test_snapshot_from_a_real_context():
     assert s.count(ReplicaState.STARTING) == 4 - 2  # Serve targets 4, runs 2
     assert s.ttft_samples_s == (1.5, 2.5)  # the 45 s old point is outside the window
     assert s.arrival_rate_rps == 3.5  # standbys take no traffic
-    assert s.pending_at_ingress == math.ceil(2.4)
+    # Requests held at hbmserve's ingress count; Serve's handle queue (2.4 here: control-plane
+    # calls such as status probes, since user traffic never uses handles) does not.
+    assert s.pending_at_ingress == 2
 
 
 def test_stats_helper_reports_numbers_only():

@@ -352,3 +352,23 @@ def test_server_waits_out_startup_then_serves_behind_the_ingress_middleware():
     assert (unauth, health, healthy) == (401, 200, True)
     assert body["usage"]["completion_tokens"] == 3
     assert (counters.accepted, counters.in_flight, len(counters.first_byte_s)) == (1, 0, 1)
+
+
+# ---- registration in the Serve app ----
+
+def test_sim_engine_is_registered_without_cpu_or_gpu_reservation():
+    from hbmserve.cluster.config import EngineKind, parse_cluster_spec
+    from hbmserve.deployments.serve_app import ENGINE_SERVERS, actor_options, unsupported_engines
+
+    server = ENGINE_SERVERS[EngineKind.SIM](spec(), "127.0.0.1", 0, frozenset())
+    assert isinstance(server, SimHttpServer) and server.budget.max_in_flight == 8 * 4  # max_num_seqs x 4
+    assert actor_options(spec()) == {"num_cpus": 0}
+    ok = parse_cluster_spec({"models": [spec().model_dump()]})
+    assert unsupported_engines(ok) == []
+    bad = parse_cluster_spec({"models": [{**spec().model_dump(), "sim": {"gpu": "h900"}},
+                                         {**spec().model_dump(), "name": "big",
+                                          "sim": {"model_config_name": "llama-3.1-405b"}}]})
+    problems = unsupported_engines(bad)
+    assert len(problems) == 2
+    assert problems[0].startswith(f"models.{NAME}.sim: unknown gpu 'h900'")
+    assert problems[1].startswith("models.big:") and "h100-sxm" in problems[1]

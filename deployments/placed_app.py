@@ -1,0 +1,128 @@
+"""The planned variant of a model's Serve application: one Serve deployment per planned replica.
+
+Used when the config names a cluster `topology` and the model needs GPUs
+(`ClusterSpec.plans_placement`). The placement planner decides every replica's nodes, NVLink
+islands and GPUs; each replica then becomes its own deployment, `engine-<model>-r<i>` with
+`num_replicas=1`, whose placement group comes from the Ray adapter (one GPU per bundle, pinned to
+the planned island) and whose `VLLM_RAY_BUNDLE_INDICES` pins vLLM's rank order. All of them serve
+the model's one shared port (SO_REUSEPORT), so the endpoint is the same as without planning.
+
+A started replica checks where its bundles landed (placement/ray_observe.py), compares that
+with its plan (placement/verification.py), logs a warning with the extra all-reduce cost when a
+TP group crossed an island or node, and reports `placement` in `info()`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hbmserve.cluster.config import EngineKind, ModelSpec
+from hbmserve.deployments.serve_app import EngineReplica, actor_options
+from hbmserve.placement.plan_types import PlacementPlan, PlacementRequest
+from hbmserve.placement.planner import plan
+from hbmserve.placement.ray_adapter import PlacementGroupSpec, placement_group_specs
+from hbmserve.placement.topology import ClusterTopology, GpuRef
+
+log = logging.getLogger("hbmserve.replica")
+
+
+def plan_model(model: ModelSpec, topology: ClusterTopology, in_use: frozenset[GpuRef] = frozenset()) -> PlacementPlan:
+    """The planner's answer for the model's fixed replica count (pure)."""
+    p = model.parallelism
+    return plan(PlacementRequest(tp=p.tp, pp=p.pp, replicas=model.replicas), topology, in_use=in_use)
+
+
+def infeasible_message(model: ModelSpec, result: PlacementPlan) -> str:
+    lines = [f"model {model.name}: no placement: {result.reason}"]
+    lines += [f"  alternative: tp={a.tp} pp={a.pp} replicas={a.replicas} ({a.note})" for a in result.alternatives]
+    return "\n".join(lines)
+
+
+def deployment_name(model: ModelSpec, replica: int) -> str:
+    return f"engine-{model.name}-r{replica}".replace("/", "-").replace(":", "-")
+
+
+def _actor_holds_gpu(model: ModelSpec) -> bool:
+    # A one-GPU vLLM engine runs inside the replica process, which must hold the GPU itself;
+    # every other engine's ranks (or the simulator's reservation) live in the group's bundles.
+    return model.engine is EngineKind.VLLM_GPU and model.parallelism.tp * model.parallelism.pp == 1
+
+
+def replica_actor_options(model: ModelSpec, pg: PlacementGroupSpec) -> dict:
+    """The replica actor's resources (they must fit bundle 0, where Serve puts the actor) and the
+    rank -> bundle order for vLLM's Ray executor."""
+    options = {"num_cpus": actor_options(model).get("num_cpus", 0), "num_gpus": 1 if _actor_holds_gpu(model) else 0}
+    env = pg.vllm_env()
+    if env:
+        options["runtime_env"] = {"env_vars": env}
+    return options
+
+
+def placed_specs(model: ModelSpec, result: PlacementPlan, topology: ClusterTopology) -> tuple[PlacementGroupSpec, ...]:
+    replica_cpus = float(actor_options(model).get("num_cpus", 0))
+    return placement_group_specs(result, topology, name_prefix=f"engine-{model.name}", replica_cpus=replica_cpus)
+
+
+def deployment_options(model: ModelSpec, pg: PlacementGroupSpec) -> dict:
+    """Keyword arguments for `serve.deployment` of one planned replica (pure)."""
+    from hbmserve.deployments.replica_http import DRAIN_TIMEOUT_S
+
+    return {
+        "name": deployment_name(model, pg.replica),
+        "num_replicas": 1,
+        "ray_actor_options": replica_actor_options(model, pg),
+        "health_check_period_s": 10,
+        "health_check_timeout_s": 30,
+        "graceful_shutdown_timeout_s": DRAIN_TIMEOUT_S + 10,
+        **pg.serve_options(),
+    }
+
+
+class PlacedEngineReplica(EngineReplica):
+    """An EngineReplica that knows its planned placement and verifies it on start.
+
+    `peers` are the model's other planned replicas: Serve only includes a deployment in an
+    application when the ingress binds it, so replica 0 binds the rest; it never calls them.
+    """
+
+    async def __init__(self, model_json: str, host: str, port: int, api_key_env: str | None,
+                     result: PlacementPlan, topology: ClusterTopology, pg: PlacementGroupSpec, *peers) -> None:
+        from hbmserve.placement.ray_observe import observe_ranks
+        from hbmserve.placement.verification import verify_replica
+
+        model = ModelSpec.model_validate_json(model_json)
+        # Before the engine starts: the probes borrow each bundle's GPU for a moment.
+        reports = await observe_ranks(pg, actor_holds_bundle_0_gpu=True)
+        self.verification = verify_replica(result, pg.replica, reports, topology)
+        self.observed = [{"rank": r.rank, "node": r.node, "gpu": r.gpu_index if r.gpu_index is not None else r.gpu_uuid}
+                         for r in reports]
+        self._record_metrics(deployment_name(model, pg.replica))
+        await super().__init__(model_json, host, port, api_key_env)
+
+    def _record_metrics(self, deployment: str) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from hbmserve.placement.metrics import log_verification, make_placement_metrics, record_verification
+
+        # A registry of the replica's own: no global registry side effects.
+        self.metrics_registry = CollectorRegistry()
+        record_verification(make_placement_metrics(self.metrics_registry), deployment, self.verification)
+        log_verification(self.verification, log, deployment)
+
+    async def info(self) -> dict:
+        placement = self.verification.to_status_dict() | {"observed": self.observed}
+        return await super().info() | {"placement_verified": self.verification.placement_verified,
+                                       "placement": placement}
+
+
+def build_placed_app(host: str, api_key_env: str | None, model: ModelSpec, port: int,
+                     result: PlacementPlan, topology: ClusterTopology):
+    """The model's one Serve application: a deployment per planned replica, replica 0 as ingress."""
+    from ray import serve
+
+    bound = []
+    for pg in placed_specs(model, result, topology):
+        deployment = serve.deployment(PlacedEngineReplica, **deployment_options(model, pg))
+        bound.append((deployment, (model.model_dump_json(), host, port, api_key_env, result, topology, pg)))
+    (first, first_args), rest = bound[0], bound[1:]
+    return first.bind(*first_args, *(d.bind(*args) for d, args in rest))

@@ -1,0 +1,143 @@
+"""The hbmserve autoscaling policy live in Ray Serve, on simulated-engine replicas.
+
+A burst builds a queue, the policy scales up, every request completes; then a trickle of long
+streamed requests runs while idle capacity is scaled back down, and none of them is dropped:
+replicas being removed drain (stop accepting, finish in-flight) before they go. The decisions
+and their reasons are read back through `hbmserve status --json`.
+
+Owns the local head for the module (see test_sim_serving.py on ordering): `down` before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+MODEL = "llama-70b-autoscaled"
+PORT = 18200
+MAX_REPLICAS = 3
+MAX_TOKENS = 120
+
+
+@pytest.fixture(scope="module")
+def autoscaled(cli, venv_bin, tmp_path_factory):
+    cfg = tmp_path_factory.mktemp("autoscale-config") / "cluster.yaml"
+    cfg.write_text(
+        f"""name: hbmserve-autoscale-test
+serve: {{http: {{host: 127.0.0.1, port: {PORT}}}}}
+models:
+  - name: {MODEL}
+    source: simulated
+    engine: sim
+    parallelism: {{tp: 4}}
+    engine_settings: {{max_model_len: 4096, max_num_seqs: 4, max_num_batched_tokens: 2048}}
+    sim: {{gpu: h100-sxm, model_config_name: llama-3.1-70b, speedup: 1}}
+    slo: {{ttft_p95_ms: 2000, tpot_p95_ms: 100}}
+    autoscaling:
+      min_replicas: 1
+      max_replicas: {MAX_REPLICAS}
+      target_queue_per_replica: 2
+      replica_capacity_rps: 1.0
+      startup_s: {{hot: 1, warm: 2, cold: 5}}
+      upscale_delay_s: 1
+      downscale_delay_s: 8
+      downscale_cooldown_s: 5
+"""
+    )
+    # Serve's default replica metrics push is every 10 s; 1 s keeps the test short.
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+           "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}
+    cli("down", timeout=120)
+    try:
+        up = subprocess.run([str(venv_bin / "hbmserve"), "up", "--detach", str(cfg)],
+                            capture_output=True, text=True, timeout=300, env=env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield f"http://127.0.0.1:{PORT}"
+    finally:
+        cli("down", timeout=180, env=env)
+
+
+def _status(cli) -> dict:
+    r = cli("status", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    (model,) = json.loads(r.stdout.strip().splitlines()[-1])["models"]
+    return model
+
+
+def _stream_one(url: str) -> int:
+    """One streamed completion on a fresh connection (so the kernel may pick any replica);
+    returns the completion tokens the final usage chunk reports."""
+    body = {"model": MODEL, "prompt": "scale me", "max_tokens": MAX_TOKENS, "stream": True,
+            "stream_options": {"include_usage": True}}
+    usage, done = None, False
+    with httpx.Client(timeout=120) as client, client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+    assert done, "stream ended without [DONE]"
+    return usage["completion_tokens"]
+
+
+def _wait_for(cli, predicate, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        model = _status(cli)
+        if predicate(model) or time.monotonic() > deadline:
+            return model
+        time.sleep(2)
+
+
+def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, cli):
+    url = autoscaled
+    assert _status(cli)["replicas"] == {"RUNNING": 1}
+
+    # Burst: 12 clients x 3 sequential requests against max_num_seqs=4 builds a queue of ~8.
+    with ThreadPoolExecutor(12) as pool:
+        burst = [pool.submit(_stream_one, url) for _ in range(36)]
+        scaled = _wait_for(cli, lambda m: m["replicas"].get("RUNNING", 0) >= 2, timeout_s=120)
+        results = [f.result(timeout=300) for f in burst]
+    assert results == [MAX_TOKENS] * 36  # every accepted request finished, in full
+    assert scaled["replicas"].get("RUNNING", 0) >= 2, scaled
+    decision = scaled["autoscale"]
+    assert decision is not None and decision["serve_target"] >= 2
+    assert decision["reason"]  # the human-readable why
+    served_by = [r for r in scaled["replica_stats"] if r["accepted"] > 0]
+    assert len(served_by) >= 2, scaled["replica_stats"]
+
+    # Idle, apart from one long streamed request at a time: capacity must come back down, and
+    # every request that was in flight on a removed replica must still finish.
+    stop = threading.Event()
+    trickle: list[int] = []
+    errors: list[BaseException] = []
+
+    def trickle_loop() -> None:
+        while not stop.is_set():
+            try:
+                trickle.append(_stream_one(url))
+            except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+                errors.append(err)
+                return
+
+    t = threading.Thread(target=trickle_loop)
+    t.start()
+    try:
+        down = _wait_for(cli, lambda m: m["replicas"] == {"RUNNING": 1}, timeout_s=150)
+    finally:
+        stop.set()
+        t.join(timeout=150)
+    assert down["replicas"] == {"RUNNING": 1}, (down["replicas"], down["autoscale"])
+    assert down["autoscale"]["serve_target"] == 1
+    assert not errors, errors
+    assert trickle and all(n == MAX_TOKENS for n in trickle)

@@ -1,0 +1,135 @@
+"""Placement wired into serving: `deploy` plans the replicas, pins each to its NVLink island through
+its own Serve deployment, and every replica verifies where it landed.
+
+A `ray.cluster_utils.Cluster` starts a head and two worker raylets shaped like the NVLink-pairs
+fixture (two 4-GPU nodes, NV4 pairs GPU0-1 and GPU2-3), with fake GPUs and the bootstrap
+labels/resources. The model is the simulated engine holding its GPUs (`sim.reserve_gpus`), TP=2,
+two replicas, deployed with `hbmserve.cluster.ray_cluster.deploy` on that cluster.
+
+Run under the shared lock: `flock /tmp/hbmserve-ray.lock .venv/bin/python -m pytest <this file>`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import hbmserve.placement as placement_pkg
+from hbmserve.cluster import ray_cluster as rc
+from hbmserve.cluster.config import parse_cluster_spec
+from hbmserve.deployments.placed_app import deployment_name, plan_model
+from hbmserve.placement.bootstrap import NODE_LABEL
+from hbmserve.placement.cluster_file import load_cluster_file
+from tests.integration.placement_cluster import start_placement_cluster
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[cpu]')")
+
+pytestmark = pytest.mark.integration
+
+PAIRS = Path(placement_pkg.__file__).parent / "data" / "cluster_nvlink_pairs_x2.yaml"
+PORT = 18300  # no other test uses it
+ISLAND_OF_GPU = {0: 0, 1: 0, 2: 1, 3: 1}  # the fixture's NV4 pairs, by hand
+
+
+def _spec(name: str, tp: int, replicas: int):
+    return parse_cluster_spec({
+        "serve": {"http": {"host": "127.0.0.1", "port": PORT}},
+        "topology": str(PAIRS),
+        "models": [{"name": name, "source": "/nonexistent", "engine": "sim", "replicas": replicas,
+                    "parallelism": {"tp": tp}, "sim": {"reserve_gpus": True, "speedup": 50.0},
+                    "engine_settings": {"max_model_len": 256, "max_num_seqs": 8}}],
+    })
+
+
+@pytest.fixture(scope="module")
+def live():
+    from ray import serve
+
+    topology = load_cluster_file(PAIRS)
+    cluster = start_placement_cluster(topology, timeout_s=40)
+    try:
+        rc.connect(cluster.address)
+        yield topology
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+
+
+def _serve_group_nodes() -> dict[str, list[str]]:
+    """Serve's placement groups as Ray's driver-side table sees them: deployment -> bundle nodes."""
+    label_of = {n["NodeID"]: n.get("Labels", {}).get(NODE_LABEL) for n in ray.nodes()}
+    out = {}
+    for pg in ray.util.placement_group_table().values():
+        if pg["state"] == "CREATED" and pg["name"].startswith("SERVE_REPLICA::"):
+            deployment = pg["name"].split("#")[1]
+            out[deployment] = [label_of[pg["bundles_to_node_id"][i]] for i in sorted(pg["bundles_to_node_id"])]
+    return out
+
+
+def _status_json() -> dict:
+    """`hbmserve status --json`, in process (it reuses this process's connection to the cluster)."""
+    import typer
+    from typer.testing import CliRunner
+
+    from hbmserve.cluster.serve_cli import register
+
+    app = typer.Typer()
+    register(app)
+    result = CliRunner().invoke(app, ["status", "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_planned_replicas_land_on_their_islands_and_serve_one_endpoint(live):
+    topology = live
+    t0 = time.monotonic()
+    spec = _spec("sim-tp2", tp=2, replicas=2)
+    endpoints = rc.deploy(spec)
+    assert endpoints == {"sim-tp2": f"http://127.0.0.1:{PORT}"}
+
+    expected = plan_model(spec.models[0], topology)
+    planned = {deployment_name(spec.models[0], r.index): r.stages[0] for r in expected.replicas}
+    # By hand: the replicas spread over both nodes, each TP pair inside one NV4 pair.
+    assert sorted(s.node for s in planned.values()) == ["pairs-a", "pairs-b"]
+
+    # Ray's own view: each deployment's bundles sit on its planned node.
+    groups = _serve_group_nodes()
+    assert {d: groups.get(d) for d in planned} == {d: [s.node] * 2 for d, s in planned.items()}
+
+    (status,) = _status_json()["models"]
+    assert status["replicas"] == {"RUNNING": 2}
+    reports = sorted((r["placement"] for r in status["replica_stats"]), key=lambda p: p["replica"])
+    assert [p["replica"] for p in reports] == [0, 1]
+    for p, r in zip(reports, expected.replicas):
+        assert p["placement_verified"] is True, p
+        assert p["crossed"] == []
+        stage = r.stages[0]
+        assert [(o["node"], o["gpu"]) for o in p["observed"]] == list(zip([stage.node] * 2, stage.gpus))
+        assert {ISLAND_OF_GPU[o["gpu"]] for o in p["observed"]} == {ISLAND_OF_GPU[stage.gpus[0]]}
+
+    with httpx.Client(base_url=endpoints["sim-tp2"], timeout=30) as client:
+        for _ in range(4):
+            reply = client.post("/v1/completions", json={"model": "sim-tp2", "prompt": "hi", "max_tokens": 4})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["text"]
+    assert time.monotonic() - t0 < 90
+
+
+def test_infeasible_plan_deploys_nothing(live):
+    from ray import serve
+
+    before_apps = set(serve.status().applications)  # empty, not an error, when Serve is not running
+    before_groups = len(ray.util.placement_group_table())
+    with pytest.raises(rc.ClusterError) as err:
+        rc.deploy(_spec("sim-tp4", tp=4, replicas=1))
+    message = str(err.value)
+    assert "sim-tp4" in message and "largest here is 2" in message and "alternative:" in message
+    assert len(ray.util.placement_group_table()) == before_groups
+    assert set(serve.status().applications) == before_apps and "sim-tp4" not in before_apps

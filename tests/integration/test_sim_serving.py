@@ -1,0 +1,144 @@
+"""End to end with the simulated engine: a real Ray head and Serve running three "Llama-3.1-70B on
+H100 TP=4" replicas on this machine's CPUs, one shared endpoint, through the `openai` SDK.
+
+The local head (GCS port 6379) has one owner at a time. The session-scoped `served` fixture in
+conftest.py runs `hbmserve down` before its own `up`, and this module does the same, so this
+module's head never overlaps it; modules that use `served` must therefore not be collected after
+this one while `served` is still needed (today they all sort before it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.integration
+MODEL = "llama-70b-sim"
+PORT = 18100  # not the vLLM fixture's 18000
+REPLICAS = 3
+CONCURRENT = 30
+
+
+@pytest.fixture(scope="module")
+def sim_config(tmp_path_factory):
+    cfg = tmp_path_factory.mktemp("sim-config") / "cluster.yaml"
+    cfg.write_text(
+        f"""name: hbmserve-sim-test
+serve: {{http: {{host: 127.0.0.1, port: {PORT}}}}}
+models:
+  - name: {MODEL}
+    source: simulated
+    engine: sim
+    replicas: {REPLICAS}
+    parallelism: {{tp: 4}}
+    engine_settings: {{max_model_len: 4096, max_num_seqs: 16, max_num_batched_tokens: 2048}}
+    sim: {{gpu: h100-sxm, model_config_name: llama-3.1-70b, speedup: 20}}
+"""
+    )
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def sim_served(cli, venv_bin, sim_config):
+    """`hbmserve up --detach` of the sim config on a fresh local head; `hbmserve down` afterwards."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cli("down", timeout=120)  # whoever held the head before (the vLLM session fixture)
+    t0 = time.monotonic()
+    try:
+        up = subprocess.run([str(venv_bin / "hbmserve"), "up", "--detach", str(sim_config)],
+                            capture_output=True, text=True, timeout=300, env=env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        url = f"http://127.0.0.1:{PORT}"
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        yield {"url": url, "up_s": time.monotonic() - t0, "stdout": up.stdout}
+    finally:
+        cli("down", timeout=180)
+
+
+@pytest.fixture(scope="module")
+def client(sim_served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{sim_served['url']}/v1", api_key="unused", timeout=60, max_retries=0)
+
+
+def status_of(cli) -> dict:
+    r = cli("status", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    (model,) = json.loads(r.stdout.strip().splitlines()[-1])["models"]
+    return model
+
+
+def test_up_serves_the_simulated_model(sim_served):
+    assert f"serving {MODEL} at {sim_served['url']}/v1" in sim_served["stdout"]
+
+
+def test_models_lists_the_model(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_chat_completion(client):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=8)
+    assert r.choices[0].finish_reason == "length"
+    assert len(r.choices[0].message.content.split(" ")) == 8
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens >= 1
+
+
+def test_completion(client):
+    r = client.completions.create(model=MODEL, prompt="the model and its cache", max_tokens=6)
+    assert r.usage.completion_tokens == 6 and len(r.choices[0].text.split(" ")) == 6
+
+
+def test_streaming_chat_delivers_every_token_and_ends(client):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "stream please"}], max_tokens=12, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)  # the SDK's iterator only ends on `data: [DONE]`
+    content = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(content) == 12 and finish == ["length"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+
+
+def test_unknown_model_and_too_long_are_openai_errors(client):
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=4)
+    assert "no-such-model" in missing.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as too_long:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=10_000)
+    assert "max_tokens" in too_long.value.body["message"] and "4096" in too_long.value.body["message"]
+
+
+def test_status_shows_three_running_replicas_on_one_endpoint(cli, sim_served):
+    model = status_of(cli)
+    assert model["app_status"] == "RUNNING"
+    assert model["replicas"] == {"RUNNING": REPLICAS}
+    assert model["endpoints"] == [sim_served["url"]]
+    assert len(model["replica_stats"]) == REPLICAS
+
+
+def test_concurrent_requests_all_succeed_and_spread_over_replicas(cli, sim_served):
+    before = {r["replica"]: r["accepted"] for r in status_of(cli)["replica_stats"]}
+
+    def one(i: int) -> int:
+        # A fresh connection per request: SO_REUSEPORT spreads connections, not requests.
+        with httpx.Client(base_url=sim_served["url"], timeout=60) as c:
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": f"request {i}", "max_tokens": 16})
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["completion_tokens"]
+
+    with ThreadPoolExecutor(max_workers=CONCURRENT) as pool:
+        tokens = list(pool.map(one, range(CONCURRENT)))
+    assert tokens == [16] * CONCURRENT
+
+    after = status_of(cli)["replica_stats"]
+    served = {r["replica"]: r["accepted"] - before.get(r["replica"], 0) for r in after}
+    assert sum(served.values()) == CONCURRENT
+    assert sum(1 for n in served.values() if n > 0) >= 2, served
+    assert all(r["rejected"] == 0 and r["in_flight"] == 0 for r in after)

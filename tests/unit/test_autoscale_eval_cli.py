@@ -1,0 +1,159 @@
+"""`hbmserve autoscale evaluate` and `burst-trace` through typer's CliRunner: the JSON contract,
+exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from hbmserve.autoscale.cli import register
+
+KEYS = {"slo_attainment", "ttft_p95_s", "gpu_hours", "cost_usd", "scale_actions",
+        "scale_actions_per_hour", "dropped_requests"}
+POLICIES = ("hbmserve", "ray-default", "static-peak", "queue-threshold")
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    a = typer.Typer()
+    register(a)
+    return a
+
+
+@pytest.fixture
+def trace(tmp_path):
+    # 2 req/s for a minute, then 12 req/s for a minute, then 2 req/s: 120 + 720 + 120 requests.
+    rows, t = [], 0.0
+    for rate, n in ((2, 120), (12, 720), (2, 120)):
+        for _ in range(n):
+            rows.append(f"{t:.4f},{600 + len(rows) % 7 * 50},{60 + len(rows) % 5 * 10}")
+            t += 1.0 / rate
+    path = tmp_path / "trace.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def run(app, *args):
+    return CliRunner().invoke(app, ["autoscale", *args])
+
+
+def assert_one_line_error(r, *words):
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+    assert "Traceback" not in r.output
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_evaluate_json_contract(app, trace, policy):
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", policy, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert KEYS <= set(out) and out["policy"] == policy
+    assert out["requests"] == 960 and out["dropped_requests"] == 0
+    assert 0.0 <= out["slo_attainment"] <= 1.0
+    assert out["cost_usd"] == pytest.approx(out["gpu_hours"] * 3.0)  # catalog H100 $/GPU-hour
+    assert out["scale_actions_per_hour"] == pytest.approx(
+        out["scale_actions"] / (out["makespan_s"] / 3600))
+
+
+def test_evaluate_all_json_and_table_and_plot(app, trace, tmp_path):
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "all", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert set(out["policies"]) == set(POLICIES)
+    assert all(KEYS <= set(v) for v in out["policies"].values())
+    assert out["startup_s"] == {"hot": 5.0, "warm": 45.0, "cold": 180.0}
+    png = tmp_path / "replicas.png"
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "all", "--plot", str(png))
+    assert r.exit_code == 0, r.output
+    assert all(p in r.stdout for p in POLICIES) and "SLO attain." in r.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_time_scale_and_clip_change_what_is_replayed(app, trace):
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "static-peak", "--json",
+            "--time-scale", "0.5", "--clip", "30")
+    assert r.exit_code == 0, r.output
+    # Halved time: 4 req/s for the first 30 s of the replay, i.e. the trace's first 60 s.
+    assert json.loads(r.stdout)["requests"] == 120
+
+
+def test_token_scale_lowers_replica_capacity(app, trace):
+    def capacity(scale: str) -> float:
+        r = run(app, "evaluate", "--trace", str(trace), "--policy", "static-peak", "--json",
+                "--token-scale", scale, "--clip", "30")
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["replica_capacity_rps"]
+
+    assert capacity("3") < capacity("1") / 2  # three times the tokens per request
+
+
+def test_a_model_that_cannot_meet_the_slo_is_a_one_line_error(app, trace):
+    # Prompts of 600..900 tokens x100: a 60k-90k-token prefill alone takes longer than 2 s.
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "static-peak",
+            "--token-scale", "100", "--clip", "10")
+    assert_one_line_error(r, "misses the SLO")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--policy", "nope"], ["--policy", "nope"]),
+    (["--policy", "hbmserve", "--time-scale", "0"], ["--time-scale"]),
+    (["--policy", "hbmserve", "--clip", "-5"], ["--clip"]),
+    (["--policy", "hbmserve", "--startup-hot", "100"], ["hot"]),
+    (["--policy", "hbmserve", "--decision-interval", "0"], ["--decision-interval"]),
+])
+def test_bad_options_are_one_line_errors(app, trace, args, words):
+    assert_one_line_error(run(app, "evaluate", "--trace", str(trace), *args), *words)
+
+
+def test_missing_trace_is_a_one_line_error(app, tmp_path):
+    r = run(app, "evaluate", "--trace", str(tmp_path / "none.csv"), "--policy", "hbmserve")
+    assert_one_line_error(r, "not found")
+
+
+def test_bad_config_names_the_field(app, trace, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("models:\n  - name: m\n    source: x\n    engine: sim\n    replicas: 1\n")
+    assert_one_line_error(run(app, "evaluate", "--trace", str(trace), "--policy", "hbmserve",
+                              "--config", str(cfg)), "autoscaling")
+    cfg.write_text("models:\n  - name: m\n    source: x\n    colour: red\n")
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "hbmserve", "--config", str(cfg))
+    assert r.exit_code == 2 and "colour" in r.output and "Traceback" not in r.output
+
+
+def test_config_with_autoscaling_section_is_used(app, trace, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "models:\n  - name: m8\n    source: x\n    engine: sim\n"
+        "    sim: {gpu: h100-sxm, model_config_name: llama-3.1-8b}\n"
+        "    engine_settings: {max_model_len: 4096}\n"
+        "    autoscaling: {min_replicas: 2, max_replicas: 3}\n")
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "queue-threshold", "--json",
+            "--config", str(cfg))
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["initial_replicas"] >= 2 and 2 <= out["peak_replicas"] <= 3
+
+
+def test_burst_trace_round_trips_through_evaluate(app, tmp_path):
+    path = tmp_path / "burst.csv"
+    r = run(app, "burst-trace", "--out", str(path), "--duration", "300", "--bursts", "1",
+            "--burst-seconds", "60", "--base-rps", "1", "--burst-rps", "5", "--seed", "4")
+    assert r.exit_code == 0, r.output
+    n = len(path.read_text().splitlines()) - 1
+    assert f"{n} requests" in r.stdout
+    r = run(app, "evaluate", "--trace", str(path), "--policy", "hbmserve", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["requests"] == n
+
+
+def test_burst_trace_bad_shape_is_a_one_line_error(app, tmp_path):
+    r = run(app, "burst-trace", "--out", str(tmp_path / "b.csv"), "--duration", "100",
+            "--bursts", "2", "--burst-seconds", "80")
+    assert_one_line_error(r, "do not fit")

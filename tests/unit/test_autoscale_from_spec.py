@@ -1,0 +1,39 @@
+"""The config file's autoscaling section maps onto the policy config the live system runs."""
+
+from __future__ import annotations
+
+from hbmserve.autoscale.from_spec import autoscale_config_for
+from hbmserve.autoscale.serve_adapter import POLICY_PATH, serve_autoscaling_config
+from hbmserve.cluster.config import parse_cluster_spec
+from hbmserve.deployments.serve_app import scaling_options
+
+
+def _model(autoscaling: dict | None):
+    spec = parse_cluster_spec({"models": [{
+        "name": "m", "source": "/m", "engine": "sim", "replicas": 2, "slo": {"ttft_p95_ms": 1500},
+        **({"autoscaling": autoscaling} if autoscaling is not None else {}),
+    }]})
+    return spec.models[0]
+
+
+def test_fixed_replicas_have_no_policy():
+    m = _model(None)
+    assert autoscale_config_for(m) is None
+    assert scaling_options(m) == {"num_replicas": 2}
+
+
+def test_autoscaling_section_reaches_the_policy():
+    m = _model({"min_replicas": 0, "max_replicas": 6, "target_queue_per_replica": 3, "replica_capacity_rps": 2.5,
+                "startup_s": {"hot": 2, "warm": 30, "cold": 200}, "upscale_delay_s": 3, "downscale_delay_s": 40,
+                "downscale_cooldown_s": 20})
+    c = autoscale_config_for(m)
+    assert (c.min_replicas, c.max_replicas, c.target_queue_per_replica) == (0, 6, 3)
+    assert c.ttft_p95_target_s == 1.5 and c.replica_capacity_rps == 2.5
+    assert (c.startup_hot_s, c.startup_warm_s, c.startup_cold_s) == (2, 30, 200)
+    assert (c.upscale_delay_s, c.downscale_delay_s, c.downscale_cooldown_s) == (3, 40, 20)
+    assert c.hot_standby_max == 0 and c.warm_pool_max == 0  # no live standby executor yet
+    opts = scaling_options(m)["autoscaling_config"]
+    assert opts == serve_autoscaling_config(c)
+    assert opts["policy"]["policy_function"] == POLICY_PATH
+    # Serve's own delays are off: the policy's hysteresis is the only one.
+    assert opts["upscale_delay_s"] == 0 and opts["downscale_delay_s"] == 0
