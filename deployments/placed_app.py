@@ -92,7 +92,7 @@ class PlacedEngineReplica(EngineReplica):
 
         model = ModelSpec.model_validate_json(model_json)
         # Before the engine starts: the probes borrow each bundle's GPU for a moment.
-        reports = await observe_ranks(pg, actor_holds_bundle_0_gpu=True)
+        reports = await observe_ranks(pg, actor_holds_bundle_0_gpu=_actor_holds_gpu(model))
         self.verification = verify_replica(result, pg.replica, reports, topology)
         self.observed = [{"rank": r.rank, "node": r.node, "gpu": r.gpu_index if r.gpu_index is not None else r.gpu_uuid}
                          for r in reports]
@@ -100,13 +100,10 @@ class PlacedEngineReplica(EngineReplica):
         await super().__init__(model_json, host, port, api_key_env)
 
     def _record_metrics(self, deployment: str) -> None:
-        from prometheus_client import CollectorRegistry
+        from hbmserve.placement.metrics import log_verification
+        from hbmserve.placement.ray_observe import publish_verification_metrics
 
-        from hbmserve.placement.metrics import log_verification, make_placement_metrics, record_verification
-
-        # A registry of the replica's own: no global registry side effects.
-        self.metrics_registry = CollectorRegistry()
-        record_verification(make_placement_metrics(self.metrics_registry), deployment, self.verification)
+        publish_verification_metrics(deployment, self.verification)
         log_verification(self.verification, log, deployment)
 
     async def info(self) -> dict:

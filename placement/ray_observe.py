@@ -75,3 +75,20 @@ async def observe_ranks(spec: PlacementGroupSpec, actor_holds_bundle_0_gpu: bool
         else:
             reports.append(_gpu_report(rank, node, gpu_ids.get(rank)))
     return reports
+
+
+def publish_verification_metrics(deployment: str, result) -> None:
+    """The verification gauges (placement/metrics.py names) through Ray's metrics agent, which
+    Prometheus scrapes on every node; the replica itself has no metrics endpoint of its own."""
+    from ray.util.metrics import Gauge
+
+    from hbmserve.placement.verification import Crossing
+
+    tags = {"deployment": deployment, "replica": str(result.replica)}
+    keys = tuple(tags)
+    Gauge("hbmserve_placement_verified", "1 when every TP group sits where the plan put it",
+          tag_keys=keys).set(1.0 if result.placement_verified else 0.0, tags=tags)
+    Gauge("hbmserve_placement_crossed_groups", "TP groups that crossed an island or node",
+          tag_keys=keys).set(sum(1 for g in result.groups if g.crossing is not Crossing.NONE), tags=tags)
+    Gauge("hbmserve_placement_extra_allreduce_microseconds", "Predicted extra time per all-reduce",
+          tag_keys=keys).set(result.expected_extra_allreduce_us, tags=tags)
