@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from hbmserve.autoscale.signals import Load, RateTrend, load_of, p95, queue_need, update_trend
 from hbmserve.autoscale.types import ReplicaState, ScaleDecision, Snapshot, Tier
-from hbmserve.autoscale.warm_pool import PoolEconomics, size_pool
+from hbmserve.autoscale.warm_pool import PoolEconomics, PoolSizing, size_pool
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,8 @@ class AutoscaleConfig:
     downscale_cooldown_s: float = 60.0  # no scale-down this soon after a scale-up
     # Window the driver uses for ttft_samples_s and arrival_rate_rps.
     look_back_s: float = 30.0
+    # A queue left when new replicas could arrive must be gone this much later (signals.queue_need).
+    backlog_drain_s: float = 120.0
     rate_smoothing_s: float = 5.0  # fast average of the rate
     trend_window_s: float = 120.0  # slow average; the trend is their gap (signals.RateTrend)
     rate_variance_window_s: float = 600.0
@@ -108,7 +110,7 @@ class AutoscaleConfig:
             problems.append("standby bounds: min must be <= max (hot_standby_*, warm_pool_*)")
         for name in ("ttft_p95_target_s", "target_queue_per_replica", "replica_capacity_rps",
                      "look_back_s", "rate_smoothing_s", "rate_variance_window_s",
-                     "slope_noise_window_s"):
+                     "slope_noise_window_s", "backlog_drain_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
         for name in ("upscale_delay_s", "rate_upscale_delay_s", "downscale_delay_s",
@@ -143,6 +145,7 @@ class PolicyState:
     last_scale_up_at: float | None = None
     last_scale_down_at: float | None = None
     ttft_blind_until: float | None = None
+    queue_over_at: float | None = None  # last time the queue was over target (TTFT echo)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, for Ray Serve's policy_state dict."""
@@ -230,14 +233,23 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
         else None
     blind = state.ttft_blind_until is not None and now < state.ttft_blind_until
     n_ttft = 0
-    if p is not None and p > config.ttft_p95_target_s and not blind:
+    # A TTFT over target while requests queue past the target is the queue's wait showing up
+    # late; queue_need already sizes that backlog (with what drains before help arrives), and
+    # scaling on its echo as well ordered 2x the fleet after every burst had passed.
+    # The samples cover look_back_s, so the echo outlasts the queue by that long.
+    queued_over = load.waiting + load.pending > config.target_queue_per_replica * load.active
+    queue_over_at = now if queued_over else state.queue_over_at
+    echo = queue_over_at is not None and now - queue_over_at < config.look_back_s
+    if p is not None and p > config.ttft_p95_target_s and not blind and not echo:
         base = max(load.active, 1)
         n_ttft = min(math.ceil(base * p / config.ttft_p95_target_s),
                      math.ceil(base * config.max_ttft_growth))
     needs = {
         "rate": 0 if idle else rate_need(trend, current, capacity * config.target_utilization,
                                          tier_for, startup, config.max_replicas),
-        "queue": queue_need(load, config.target_queue_per_replica),
+        "queue": queue_need(load, config.target_queue_per_replica,
+                            arrival_rps=snapshot.arrival_rate_rps, replica_rps=capacity,
+                            horizon_s=startup[tier_for(1)], drain_s=config.backlog_drain_s),
         "ttft": n_ttft,
         "ingress": 1 if load.pending > 0 else 0,
     }
@@ -256,11 +268,24 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
     )
     signals = _describe(load, trend, needs, p, len(snapshot.ttft_samples_s), config, blind)
 
+    def pool_for(active: int) -> PoolSizing:
+        return size_pool(
+            target_active=active, trend=trend,
+            replica_rps=capacity * config.target_utilization, replica_max_rps=capacity,
+            startup_s=startup,
+            economics=PoolEconomics(config.hot_idle_usd_per_hour,
+                                    config.warm_idle_usd_per_hour, config.slo_miss_usd),
+            hot_bounds=(config.hot_standby_min, config.hot_standby_max),
+            warm_bounds=(config.warm_pool_min, config.warm_pool_max),
+            max_replicas=config.max_replicas,
+        )
+
     target = current
+    pool_at: int | None = None  # active count the pool is sized for, when not `target`
     if current > config.max_replicas:
         target = config.max_replicas
         action = f"down {current}→{target} (max_replicas)"
-        new = PolicyState(target_active=target, trend=trend,
+        new = PolicyState(queue_over_at=queue_over_at, target_active=target, trend=trend,
                           last_scale_up_at=state.last_scale_up_at, last_scale_down_at=now,
                           ttft_blind_until=state.ttft_blind_until)
     elif up_need > current:
@@ -277,13 +302,13 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
                 why = (" from zero: requests held at the ingress" if current == 0 and load.pending
                        else f" to min_replicas {config.min_replicas}")
             action = f"up {current}→{target} ({tiers}){why}"
-            new = PolicyState(target_active=target, trend=trend, last_scale_up_at=now,
+            new = PolicyState(queue_over_at=queue_over_at, target_active=target, trend=trend, last_scale_up_at=now,
                               last_scale_down_at=state.last_scale_down_at,
                               ttft_blind_until=now + slowest + config.look_back_s)
         else:
             action = (f"hold {current}, up to {up_need} pending "
                       f"({now - since:.1f}/{delay:g}s)")
-            new = PolicyState(target_active=current, trend=trend, up_since=since,
+            new = PolicyState(queue_over_at=queue_over_at, target_active=current, trend=trend, up_since=since,
                               last_scale_up_at=state.last_scale_up_at,
                               last_scale_down_at=state.last_scale_down_at,
                               ttft_blind_until=state.ttft_blind_until)
@@ -296,17 +321,31 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
             delay = config.scale_to_zero_delay_s
         cooled = (state.last_scale_up_at is None
                   or now - state.last_scale_up_at >= config.downscale_cooldown_s)
-        if now - since >= delay and cooled:
-            target = down_floor
-            action = f"down {current}→{target} (slack for {now - since:.0f}s)"
-            new = PolicyState(target_active=target, trend=trend,
+        # A hot standby is rebuilt from scratch (a cold start's worth of preparation), while
+        # an active replica about to go is already the faster thing: keep as many as the pool
+        # still lacks until it is ready, so a step coming back in that gap finds them.
+        missing = max(0, pool_for(down_floor).hot - load.standby)
+        keep = min(current, down_floor + missing)
+        if now - since >= delay and cooled and keep < current:
+            target = keep
+            pool_at = down_floor
+            waiting = f", {keep - down_floor} kept until the pool is ready" if keep > down_floor \
+                else ""
+            action = f"down {current}→{target} (slack for {now - since:.0f}s{waiting})"
+            new = PolicyState(queue_over_at=queue_over_at, target_active=target, trend=trend,
                               last_scale_up_at=state.last_scale_up_at, last_scale_down_at=now,
-                              ttft_blind_until=state.ttft_blind_until)
+                              ttft_blind_until=state.ttft_blind_until,
+                              down_since=since if keep > down_floor else None,
+                              down_floor=down_floor if keep > down_floor else 0)
         else:
-            wait = "cool-down after scale-up" if now - since >= delay else \
-                f"{now - since:.0f}/{delay:g}s"
+            if now - since >= delay and cooled:
+                pool_at = down_floor
+                wait = f"{missing} hot standby(s) not ready"
+            else:
+                wait = "cool-down after scale-up" if now - since >= delay else \
+                    f"{now - since:.0f}/{delay:g}s"
             action = f"hold {current}, down to {down_floor} pending ({wait})"
-            new = PolicyState(target_active=current, trend=trend, down_since=since,
+            new = PolicyState(queue_over_at=queue_over_at, target_active=current, trend=trend, down_since=since,
                               down_floor=down_floor, last_scale_up_at=state.last_scale_up_at,
                               last_scale_down_at=state.last_scale_down_at,
                               ttft_blind_until=state.ttft_blind_until)
@@ -314,21 +353,12 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
         why = "at max_replicas" if up_need > current else (
             "symptoms not slack" if not slack and down_need < current else "within band")
         action = f"hold {current} ({why})"
-        new = PolicyState(target_active=current, trend=trend,
+        new = PolicyState(queue_over_at=queue_over_at, target_active=current, trend=trend,
                           last_scale_up_at=state.last_scale_up_at,
                           last_scale_down_at=state.last_scale_down_at,
                           ttft_blind_until=state.ttft_blind_until)
 
-    pool = size_pool(
-        target_active=target, trend=trend,
-        replica_rps=capacity * config.target_utilization, replica_max_rps=capacity,
-        startup_s=startup,
-        economics=PoolEconomics(config.hot_idle_usd_per_hour, config.warm_idle_usd_per_hour,
-                                config.slo_miss_usd),
-        hot_bounds=(config.hot_standby_min, config.hot_standby_max),
-        warm_bounds=(config.warm_pool_min, config.warm_pool_max),
-        max_replicas=config.max_replicas,
-    )
+    pool = pool_for(target if pool_at is None else pool_at)
     refill = ""
     if load.standby < pool.hot or snapshot.warm_ready < pool.warm:
         refill = (f"; refill hot {load.standby}→{pool.hot}, "

@@ -56,25 +56,30 @@ def load_of(snapshot: Snapshot) -> Load:
     )
 
 
-def queue_need(load: Load, target_queue_per_replica: float) -> int:
-    """Replicas that would bring the queue back to target; 0 means "no reason to grow".
+def queue_need(load: Load, target_queue_per_replica: float, *, arrival_rps: float,
+               replica_rps: float, horizon_s: float, drain_s: float) -> int:
+    """Replicas (in all, starting ones included) that clear the queue's excess; 0 means
+    "no reason to grow".
 
-    A replica with a queue is saturated, so it serves about `running/active` requests at once
-    and may hold `target_queue_per_replica` more waiting; the excess needs one more replica
-    per that many requests. While replicas are starting the queue says nothing new (it
-    grows until they arrive, then drains), so it counts only when none is starting; the rate
-    forecast covers that time.
+    A new replica serves nothing before `horizon_s` (the start-up of the tier it would come
+    from), so what matters is the excess still queued then: the active replicas keep draining
+    it at `replica_rps` each while arrivals add to it. If it is gone by then, another replica
+    would only arrive to an empty queue (the old rule, one replica per running+queued slots of
+    excess, ordered 16 replicas after a burst's backlog that 4 drained before any of them came).
+    Otherwise the fleet must carry the arrivals plus that leftover within `drain_s`. Replicas
+    already starting are part of the answer rather than a reason to ignore the queue: muting
+    it for a whole cold start let one forecast-ordered replica hide a 5x step.
     """
     queued = load.waiting + load.pending
     if load.active == 0:
         return 1 if queued > 0 else 0
-    if load.starting > 0:
-        return 0
     excess = queued - target_queue_per_replica * load.active
     if excess <= 0:
         return 0
-    slots_per_replica = max(1.0, load.running / load.active) + target_queue_per_replica
-    return load.active + math.ceil(excess / slots_per_replica)
+    left_at_ready = excess + (arrival_rps - load.active * replica_rps) * horizon_s
+    if left_at_ready <= 0:
+        return 0
+    return math.ceil((arrival_rps + left_at_ready / drain_s) / replica_rps)
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,25 @@ class RateTrend:
     slope_mean: float = 0.0
     slope_variance: float = 0.0
     z: float = 2.0
+    # Steps: the level jumping to surge_ratio x the baseline within a few smoothing times. The
+    # spread above cannot see them: the trend line follows a step within a minute, so a 5x
+    # step leaves sigma under 1 rps. What a step tells the pool is how high the rate went
+    # (surge_level) and how often steps come (surge_count over exposure_s, both decayed).
+    surging: bool = False
+    surge_level: float = 0.0  # peak of the last finished step
+    step_peak: float = 0.0  # peak so far of the step under way
+    surge_count: float = 0.0
+    exposure_s: float = 0.0
+
+    def surges_per_s(self, prior_s: float) -> float:
+        """Steps per second seen; `prior_s` of step-free time is assumed before the first
+        observation, so one early step does not read as a storm."""
+        return self.surge_count / (self.exposure_s + prior_s)
+
+    @property
+    def step_rps(self) -> float:
+        """How high the next (or the current) step is expected to go: the last one's peak."""
+        return max(self.surge_level, self.step_peak) if self.surging else self.surge_level
 
     @property
     def sigma(self) -> float:
@@ -109,8 +133,11 @@ class RateTrend:
         return max(0.0, self.slope - self.z * math.sqrt(max(self.slope_variance, 0.0)))
 
     def projected(self, horizon_s: float) -> float:
-        """Rate expected `horizon_s` from now."""
-        return self.level + self.trusted_slope * horizon_s
+        """Rate expected `horizon_s` from now. Inside a step, at least as high as the last
+        step went: the smoothed level takes tens of seconds to climb a step, and ordering
+        one replica per few seconds of that climb let the pool be spent on the first few."""
+        ahead = self.level + self.trusted_slope * horizon_s
+        return max(ahead, self.step_rps) if self.surging else ahead
 
 
 def update_trend(
@@ -123,6 +150,8 @@ def update_trend(
     variance_tau_s: float,
     slope_tau_s: float,
     z: float = 2.0,
+    surge_ratio: float = 1.5,
+    surge_tau_s: float = 3600.0,
 ) -> RateTrend:
     if trend is None:
         # Until the slope has shown how much it wanders, assume it may wander by the whole rate
@@ -145,5 +174,23 @@ def update_trend(
     slope_mean = trend.slope_mean + e * (slope - trend.slope_mean)
     slope_dev = slope - slope_mean
     slope_variance = trend.slope_variance + e * (slope_dev * slope_dev - trend.slope_variance)
+    keep = math.exp(-dt / surge_tau_s)
+    count, exposure = trend.surge_count * keep, trend.exposure_s * keep + dt
+    # The step ends once the slow average has caught up with most of it. None is seen before
+    # the slow average has had its own time constant to settle: the driver's rate window is
+    # still filling then, and every start would read as a step up from nothing.
+    settled = exposure >= slow_tau_s
+    surging = settled and (level > surge_ratio * baseline if not trend.surging
+                           else level > 1.25 * baseline)
+    surge_level, step_peak = trend.surge_level, trend.step_peak
+    if surging and not trend.surging:
+        count, step_peak = count + 1.0, level
+    elif surging:
+        step_peak = max(step_peak, level)
+    elif trend.surging:
+        surge_level = step_peak
     return RateTrend(level=level, baseline=baseline, slope=slope, variance=variance, at=now,
-                     slope_mean=slope_mean, slope_variance=slope_variance, z=z)
+                     slope_mean=slope_mean, slope_variance=slope_variance, z=z,
+                     surging=surging, surge_level=surge_level, step_peak=step_peak,
+                     surge_count=count,
+                     exposure_s=exposure)

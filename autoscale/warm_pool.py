@@ -64,17 +64,35 @@ def _count_worth_keeping(
     saving_per_use_usd: float,
     idle_cost_usd: float,
     upper: int,
+    surge: tuple[float, float, float, float] = (0.0, 0.0, 1.0, 0.0),
 ) -> tuple[int, float]:
     """How many standbys pay for themselves, and the use probability of the last one kept
-    (or of the first one refused, when none is kept)."""
+    (or of the first one refused, when none is kept). surge: (probability of a step within
+    the window, the rate it reaches, rps a standby carries during one, saving per use)."""
+    p_step, step_rps, step_replica_rps, step_saving_usd = surge
     kept = 0
     probability = prob_rate_exceeds(mu, sigma, covered_rps)
     while kept < upper:
         probability = prob_rate_exceeds(mu, sigma, covered_rps + kept * replica_rps)
-        if probability * saving_per_use_usd <= idle_cost_usd:
+        value = probability * saving_per_use_usd
+        if step_rps > covered_rps + kept * step_replica_rps and \
+                p_step * step_saving_usd > value:
+            probability, value = p_step, p_step * step_saving_usd
+        if value <= idle_cost_usd:
             break
         kept += 1
     return kept, probability
+
+
+def _surge(trend: RateTrend, window_s: float, prior_s: float, replica_max_rps: float,
+           slo_miss_usd: float, saved_s: float) -> tuple[float, float, float, float]:
+    # Steps as a Poisson process at the rate seen; the next one is assumed to reach the last
+    # one's height. A standby only bridges a step until slower tiers arrive, so it is counted
+    # at its full SLO capacity rather than at the target utilisation. A step takes every tier
+    # at once, so what a standby saves in one is measured against the cold start that serves
+    # the rest of it, not against the next tier's start-up as for a drift.
+    p_step = 1.0 - math.exp(-trend.surges_per_s(prior_s) * window_s)
+    return p_step, trend.step_rps, replica_max_rps, slo_miss_usd * replica_max_rps * saved_s
 
 
 def size_pool(
@@ -88,6 +106,7 @@ def size_pool(
     hot_bounds: tuple[int, int],
     warm_bounds: tuple[int, int],
     max_replicas: int,
+    surge_prior_s: float = 600.0,
 ) -> PoolSizing:
     room = max(0, max_replicas - target_active)
     t_hot, t_warm, t_cold = startup_s[Tier.HOT], startup_s[Tier.WARM], startup_s[Tier.COLD]
@@ -104,6 +123,8 @@ def size_pool(
         saving_per_use_usd=hot_saving,
         idle_cost_usd=hot_idle,
         upper=min(hot_bounds[1], room),
+        surge=_surge(trend, t_warm, surge_prior_s, replica_max_rps, economics.slo_miss_usd,
+                     max(0.0, t_cold - t_hot)),
     )
     hot = min(max(hot_model, hot_bounds[0]), hot_bounds[1], room)
 
@@ -119,6 +140,8 @@ def size_pool(
         saving_per_use_usd=warm_saving,
         idle_cost_usd=warm_idle,
         upper=min(warm_bounds[1], warm_room),
+        surge=_surge(trend, t_cold, surge_prior_s, replica_max_rps, economics.slo_miss_usd,
+                     max(0.0, t_cold - t_warm)),
     )
     warm = min(max(warm_model, warm_bounds[0]), warm_bounds[1], warm_room)
 

@@ -43,16 +43,42 @@ def test_rate_burst_scales_to_rate_over_capacity_at_target_utilization():
     assert "up 4→10" in d.reason and "7.90 rps" in d.reason
 
 
-def test_queue_burst_adds_a_replica_per_running_plus_target_queue_of_excess():
-    d, _ = decide(snap(0.0, active=2, running=8, waiting=30), NO_DELAY, PolicyState())
-    # excess = 60 waiting - 4 target x 2 replicas; each extra replica takes 8 running + 4 queued
-    assert d.target_active == 2 + math.ceil((60 - 4 * 2) / (8 + 4)) == 7
+def test_queue_burst_sizes_the_fleet_by_the_backlog_left_when_new_replicas_arrive():
+    # 2 active at 1 rps each under 3 rps; excess 60 - 4 x 2 = 52 queued. No standby, no warm
+    # node: help is a cold start (180 s) away. Left then: 52 + (3 - 2) x 180 = 232, to be
+    # gone within backlog_drain_s (120 s) on top of the 3 rps arriving.
+    d, _ = decide(snap(0.0, active=2, running=8, waiting=30, rate=3.0), NO_DELAY, PolicyState())
+    assert d.target_active == math.ceil((3.0 + (52 + (3.0 - 2.0) * 180.0) / 120.0) / 1.0) == 5
 
 
-def test_queue_signal_waits_for_replicas_already_starting():
-    d, _ = decide(snap(0.0, active=2, starting=3, running=8, waiting=30), NO_DELAY,
+def test_queue_that_drains_before_any_new_replica_could_arrive_orders_none():
+    # Same excess of 52, but 2 replicas serve 2 rps against 1 arriving: gone in 52 s < 180 s.
+    # (Before, one replica per running + queued slots of excess was ordered regardless: 7.)
+    d, _ = decide(snap(0.0, active=2, running=8, waiting=30, rate=1.0), NO_DELAY, PolicyState())
+    assert d.target_active == 2
+
+
+def test_queue_counts_replicas_already_starting_toward_its_need():
+    # The backlog of the case above needs 5 in all: the 3 starting make 5, so nothing is added.
+    d, _ = decide(snap(0.0, active=2, starting=3, running=8, waiting=30, rate=3.0), NO_DELAY,
                   PolicyState())
-    assert d.target_active == 5  # the 3 starting ones are left to absorb it
+    assert d.target_active == 5
+    # At 5 rps it needs ceil((5 + (52 + 3 x 180) / 120) / 1) = 10: starting ones no longer mute it.
+    d, _ = decide(snap(0.0, active=2, starting=3, running=8, waiting=30, rate=5.0), NO_DELAY,
+                  PolicyState())
+    assert d.target_active == math.ceil(5.0 + (52 + 3.0 * 180.0) / 120.0) == 10
+
+
+def test_ttft_echo_of_a_drained_queue_is_not_scaled_on():
+    cfg = AutoscaleConfig(upscale_delay_s=0.0, rate_upscale_delay_s=0.0, max_replicas=16)
+    slow = (40.0,) * 20  # the backlog's wait, still in the look-back window
+    s = PolicyState()
+    d, s = decide(snap(0.0, active=4, running=8, waiting=30, rate=1.0), cfg, s)
+    d, s = decide(snap(1.0, active=4, running=8, rate=1.0, ttft=slow), cfg, s)
+    assert d.target_active == 4 and s.queue_over_at == 0.0
+    # Once the queue has been under target for a whole window, a slow TTFT is a symptom again.
+    d, s = decide(snap(cfg.look_back_s, active=4, running=8, rate=1.0, ttft=slow), cfg, s)
+    assert d.target_active == math.ceil(4 * cfg.max_ttft_growth) == 8
 
 
 @pytest.mark.parametrize("p95_s, expected", [(3.0, math.ceil(4 * 3.0 / 2.0)),  # 6
@@ -80,10 +106,11 @@ def test_symptom_upscale_waits_for_its_delay():
     cfg = AutoscaleConfig(upscale_delay_s=5.0, rate_upscale_delay_s=30.0)
     s = PolicyState()
     for t in (0.0, 2.0, 4.9):
-        d, s = decide(snap(t, active=2, running=8, waiting=30), cfg, s)
+        d, s = decide(snap(t, active=2, running=8, waiting=30, rate=3.0), cfg, s)
         assert d.target_active == 2, d.reason
-    d, s = decide(snap(5.0, active=2, running=8, waiting=30), cfg, s)
-    assert d.target_active == 7
+    d, s = decide(snap(5.0, active=2, running=8, waiting=30, rate=3.0), cfg, s)
+    # the backlog of test_queue_burst_sizes_the_fleet_by_the_backlog_left_when_new_replicas_arrive
+    assert d.target_active == 5
 
 
 def test_forecast_only_upscale_waits_for_the_rate_delay():
