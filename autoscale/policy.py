@@ -302,13 +302,15 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
                 why = (" from zero: requests held at the ingress" if current == 0 and load.pending
                        else f" to min_replicas {config.min_replicas}")
             action = f"up {current}→{target} ({tiers}){why}"
-            new = PolicyState(queue_over_at=queue_over_at, target_active=target, trend=trend, last_scale_up_at=now,
+            new = PolicyState(queue_over_at=queue_over_at, target_active=target, trend=trend,
+                              last_scale_up_at=now,
                               last_scale_down_at=state.last_scale_down_at,
                               ttft_blind_until=now + slowest + config.look_back_s)
         else:
             action = (f"hold {current}, up to {up_need} pending "
                       f"({now - since:.1f}/{delay:g}s)")
-            new = PolicyState(queue_over_at=queue_over_at, target_active=current, trend=trend, up_since=since,
+            new = PolicyState(queue_over_at=queue_over_at, target_active=current, trend=trend,
+                              up_since=since,
                               last_scale_up_at=state.last_scale_up_at,
                               last_scale_down_at=state.last_scale_down_at,
                               ttft_blind_until=state.ttft_blind_until)
@@ -345,7 +347,8 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
                 wait = "cool-down after scale-up" if now - since >= delay else \
                     f"{now - since:.0f}/{delay:g}s"
             action = f"hold {current}, down to {down_floor} pending ({wait})"
-            new = PolicyState(queue_over_at=queue_over_at, target_active=current, trend=trend, down_since=since,
+            new = PolicyState(queue_over_at=queue_over_at, target_active=current, trend=trend,
+                              down_since=since,
                               down_floor=down_floor, last_scale_up_at=state.last_scale_up_at,
                               last_scale_down_at=state.last_scale_down_at,
                               ttft_blind_until=state.ttft_blind_until)
