@@ -49,18 +49,27 @@ class AsgiListener:
         self._server = None
         self._task: asyncio.Task | None = None
 
-    async def start(self, asgi, sock: socket.socket) -> None:
+    async def serve(self, asgi, host: str, port: int) -> str:
+        """Bind the model's shared port and serve `asgi` on it; returns the URL. Call only once
+        the engine is ready: binding is what puts the replica into the port's rotation."""
         import uvicorn
 
+        sock = bind_shared(host, port)
         config = uvicorn.Config(asgi, log_level="warning", access_log=False, timeout_keep_alive=30,
                                 timeout_graceful_shutdown=DRAIN_TIMEOUT_S)
         self._server = _no_signal_server(config)
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise RuntimeError("the HTTP server exited before it started serving")
-            await asyncio.sleep(0.05)
+        try:
+            while not self._server.started:
+                if self._task.done():
+                    self._task.result()
+                    raise RuntimeError("the HTTP server exited before it started serving")
+                await asyncio.sleep(0.05)
+        except BaseException:
+            sock.close()
+            raise
+        bound_host, bound_port = sock.getsockname()[:2]
+        return f"http://{bound_host}:{bound_port}"
 
     async def stop(self, timeout_s: float = DRAIN_TIMEOUT_S + 2) -> None:
         """Drain: close the listening socket, let in-flight requests finish, then return."""

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from hbmserve.cluster.config import ModelSpec
 from hbmserve.deployments.admission import AdmissionBudget
 from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
-from hbmserve.deployments.replica_http import AsgiListener, EngineLoad, bind_shared
+from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
 from hbmserve.deployments.sim_protocol import (ChatRequest, CompletionRequest, GenerationPlan, Rejection,
                                                chat_prompt, completion_prompt, error_body, filler_text,
                                                plan_generation, token_text, usage)
@@ -204,15 +204,12 @@ class SimHttpServer:
         # must not take connections from the shared port.
         await self.engine.wait_ready()
         app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len)
-        sock = bind_shared(self.host, self.port)
-        host, port = sock.getsockname()[:2]
         try:
-            await self._listener.start(IngressMiddleware(app, self.budget, self.api_keys, self.counters), sock)
+            asgi = IngressMiddleware(app, self.budget, self.api_keys, self.counters)
+            self.url = await self._listener.serve(asgi, self.host, self.port)
         except BaseException:
-            sock.close()
             await self.engine.shutdown()
             raise
-        self.url = f"http://{host}:{port}"
         log.info("serving simulated %s (%s on %s, %gx) on %s", self.model.name, self.model.sim.model_config_name,
                  self.model.sim.gpu, self.model.sim.speedup, self.url)
         return self.url

@@ -16,9 +16,7 @@ from contextlib import AsyncExitStack
 from hbmserve.deployments.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import EngineLaunch
 from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
-from hbmserve.deployments.replica_http import AsgiListener, EngineLoad, bind_shared
-
-__all__ = ["EngineLoad", "VLLMHttpServer", "bind_shared"]
+from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
 
 log = logging.getLogger("hbmserve.replica")
 
@@ -53,21 +51,14 @@ class VLLMHttpServer:
             tasks = await self.engine_client.get_supported_tasks()
             app = build_app(args, tasks, self.engine_client.model_config)
             await init_app_state(self.engine_client, app.state, args, tasks)
-            # Bind only once the engine is loaded: the port is shared (SO_REUSEPORT), and a
+            # Serve only once the engine is loaded: the port is shared (SO_REUSEPORT), and a
             # loading replica that listened would take its share of connections and hold them
             # for the whole load.
-            sock = bind_shared(args.host, args.port)
+            asgi = IngressMiddleware(app, self.budget, self.api_keys, self.counters)
+            self.url = await self._listener.serve(asgi, args.host, args.port)
         except BaseException:
             await self._stack.aclose()
             raise
-        host, port = sock.getsockname()[:2]
-        try:
-            await self._listener.start(IngressMiddleware(app, self.budget, self.api_keys, self.counters), sock)
-        except BaseException:
-            sock.close()
-            await self._stack.aclose()
-            raise
-        self.url = f"http://{host}:{port}"
         log.info("serving %s on %s", args.served_model_name, self.url)
         return self.url
 

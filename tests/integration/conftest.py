@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -17,8 +19,35 @@ TEST_PORT = 18000  # not 8000: leave a developer's own `make serve` alone
 
 
 def run_cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`env` is the whole environment when given (default: this process's)."""
     return subprocess.run([HBMSERVE, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+                          env=os.environ if env is None else env)
+
+
+@contextlib.contextmanager
+def local_head(config: Path, port: int, extra_env: dict[str, str] | None = None):
+    """`hbmserve up --detach CONFIG` on a fresh local head; `hbmserve down` afterwards, whatever
+    happened. The local head (GCS port 6379) has one owner at a time, so this first takes it
+    down from whoever held it (a stale run, or an earlier module's fixture)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | (extra_env or {})
+    run_cli("down", timeout=120, env=env)
+    t0 = time.monotonic()
+    try:
+        up = run_cli("up", "--detach", str(config), env=env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        yield {"url": url, "up_s": time.monotonic() - t0, "config": config, "stdout": up.stdout}
+    finally:
+        run_cli("down", timeout=180, env=env)
+
+
+def model_status() -> dict:
+    """The one model's entry of `hbmserve status --json`."""
+    r = run_cli("status", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    (model,) = json.loads(r.stdout.strip().splitlines()[-1])["models"]
+    return model
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +59,18 @@ def cli():
 @pytest.fixture(scope="session")
 def venv_bin() -> Path:
     return VENV_BIN
+
+
+@pytest.fixture(scope="session")
+def head():
+    """`with head(config, port) as served:` (see local_head)."""
+    return local_head
+
+
+@pytest.fixture(scope="session")
+def status():
+    """`status()` -> the one model's `hbmserve status --json` entry."""
+    return model_status
 
 
 @pytest.fixture(scope="session")
@@ -57,16 +98,5 @@ models:
 
 @pytest.fixture(scope="session")
 def served(tiny_config: Path):
-    """`hbmserve up --detach` on a fresh local head; `hbmserve down` afterwards, whatever happened."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    run_cli("down", timeout=120)  # a stale head from an aborted run would hold the ports
-    t0 = time.monotonic()
-    try:
-        up = subprocess.run([HBMSERVE, "up", "--detach", str(tiny_config)], capture_output=True, text=True,
-                            timeout=600, env=env)
-        assert up.returncode == 0, up.stdout + up.stderr
-        url = f"http://127.0.0.1:{TEST_PORT}"
-        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
-        yield {"url": url, "up_s": time.monotonic() - t0, "config": tiny_config, "stdout": up.stdout}
-    finally:
-        run_cli("down", timeout=180, env=env)
+    with local_head(tiny_config, TEST_PORT) as running:
+        yield running

@@ -11,8 +11,6 @@ Owns the local head for the module (see test_sim_serving.py on ordering): `down`
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +26,7 @@ MAX_TOKENS = 120
 
 
 @pytest.fixture(scope="module")
-def autoscaled(cli, venv_bin, tmp_path_factory):
+def autoscaled(head, tmp_path_factory):
     cfg = tmp_path_factory.mktemp("autoscale-config") / "cluster.yaml"
     cfg.write_text(
         f"""name: hbmserve-autoscale-test
@@ -53,23 +51,8 @@ models:
 """
     )
     # Serve's default replica metrics push is every 10 s; 1 s keeps the test short.
-    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
-           "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}
-    cli("down", timeout=120)
-    try:
-        up = subprocess.run([str(venv_bin / "hbmserve"), "up", "--detach", str(cfg)],
-                            capture_output=True, text=True, timeout=300, env=env)
-        assert up.returncode == 0, up.stdout + up.stderr
-        yield f"http://127.0.0.1:{PORT}"
-    finally:
-        cli("down", timeout=180, env=env)
-
-
-def _status(cli) -> dict:
-    r = cli("status", "--json", timeout=120)
-    assert r.returncode == 0, r.stderr
-    (model,) = json.loads(r.stdout.strip().splitlines()[-1])["models"]
-    return model
+    with head(cfg, PORT, {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}) as running:
+        yield running["url"]
 
 
 def _stream_one(url: str) -> int:
@@ -90,31 +73,31 @@ def _stream_one(url: str) -> int:
     return usage["completion_tokens"]
 
 
-def _wait_for(cli, predicate, timeout_s: float) -> dict:
+def _wait_for(status, predicate, timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
-        model = _status(cli)
+        model = status()
         if predicate(model) or time.monotonic() > deadline:
             return model
         time.sleep(2)
 
 
-def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, cli):
+def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, status):
     url = autoscaled
-    assert _status(cli)["replicas"] == {"RUNNING": 1}
+    assert status()["replicas"] == {"RUNNING": 1}
 
     # Burst: 12 clients x 6 sequential requests against max_num_seqs=4 builds a queue of ~8, and
     # lasts long enough (~50 s on one replica) for added replicas to take part.
     with ThreadPoolExecutor(12) as pool:
         burst = [pool.submit(_stream_one, url) for _ in range(72)]
-        scaled = _wait_for(cli, lambda m: m["replicas"].get("RUNNING", 0) >= 2, timeout_s=120)
+        scaled = _wait_for(status, lambda m: m["replicas"].get("RUNNING", 0) >= 2, timeout_s=120)
         results = [f.result(timeout=300) for f in burst]
     assert results == [MAX_TOKENS] * 72  # every accepted request finished, in full
     assert scaled["replicas"].get("RUNNING", 0) >= 2, scaled
     decision = scaled["autoscale"]
     assert decision is not None and decision["serve_target"] >= 2
     assert decision["reason"]  # the human-readable why
-    after = _status(cli)
+    after = status()
     served_by = [r for r in after["replica_stats"] if r["accepted"] > 0]
     assert len(served_by) >= 2, after["replica_stats"]  # the added capacity really served
 
@@ -135,7 +118,7 @@ def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, cli)
     t = threading.Thread(target=trickle_loop)
     t.start()
     try:
-        down = _wait_for(cli, lambda m: m["replicas"] == {"RUNNING": 1}, timeout_s=150)
+        down = _wait_for(status, lambda m: m["replicas"] == {"RUNNING": 1}, timeout_s=150)
     finally:
         stop.set()
         t.join(timeout=150)

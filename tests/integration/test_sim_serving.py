@@ -1,18 +1,13 @@
 """End to end with the simulated engine: a real Ray head and Serve running three "Llama-3.1-70B on
 H100 TP=4" replicas on this machine's CPUs, one shared endpoint, through the `openai` SDK.
 
-The local head (GCS port 6379) has one owner at a time. The session-scoped `served` fixture in
-conftest.py runs `hbmserve down` before its own `up`, and this module does the same, so this
-module's head never overlaps it; modules that use `served` must therefore not be collected after
-this one while `served` is still needed (today they all sort before it).
+The local head (GCS port 6379) has one owner at a time: every fixture goes through conftest's
+`local_head`, which takes the head down before its own `up`. Modules that use the session-scoped
+`served` must therefore not be collected after this one (today they all sort before it).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -46,32 +41,14 @@ models:
 
 
 @pytest.fixture(scope="module")
-def sim_served(cli, venv_bin, sim_config):
-    """`hbmserve up --detach` of the sim config on a fresh local head; `hbmserve down` afterwards."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    cli("down", timeout=120)  # whoever held the head before (the vLLM session fixture)
-    t0 = time.monotonic()
-    try:
-        up = subprocess.run([str(venv_bin / "hbmserve"), "up", "--detach", str(sim_config)],
-                            capture_output=True, text=True, timeout=300, env=env)
-        assert up.returncode == 0, up.stdout + up.stderr
-        url = f"http://127.0.0.1:{PORT}"
-        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
-        yield {"url": url, "up_s": time.monotonic() - t0, "stdout": up.stdout}
-    finally:
-        cli("down", timeout=180)
+def sim_served(head, sim_config):
+    with head(sim_config, PORT) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
 def client(sim_served) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{sim_served['url']}/v1", api_key="unused", timeout=60, max_retries=0)
-
-
-def status_of(cli) -> dict:
-    r = cli("status", "--json", timeout=120)
-    assert r.returncode == 0, r.stderr
-    (model,) = json.loads(r.stdout.strip().splitlines()[-1])["models"]
-    return model
 
 
 def test_up_serves_the_simulated_model(sim_served):
@@ -115,16 +92,16 @@ def test_unknown_model_and_too_long_are_openai_errors(client):
     assert "max_tokens" in too_long.value.body["message"] and "4096" in too_long.value.body["message"]
 
 
-def test_status_shows_three_running_replicas_on_one_endpoint(cli, sim_served):
-    model = status_of(cli)
+def test_status_shows_three_running_replicas_on_one_endpoint(status, sim_served):
+    model = status()
     assert model["app_status"] == "RUNNING"
     assert model["replicas"] == {"RUNNING": REPLICAS}
     assert model["endpoints"] == [sim_served["url"]]
     assert len(model["replica_stats"]) == REPLICAS
 
 
-def test_concurrent_requests_all_succeed_and_spread_over_replicas(cli, sim_served):
-    before = {r["replica"]: r["accepted"] for r in status_of(cli)["replica_stats"]}
+def test_concurrent_requests_all_succeed_and_spread_over_replicas(status, sim_served):
+    before = {r["replica"]: r["accepted"] for r in status()["replica_stats"]}
 
     def one(i: int) -> int:
         # A fresh connection per request: SO_REUSEPORT spreads connections, not requests.
@@ -137,7 +114,7 @@ def test_concurrent_requests_all_succeed_and_spread_over_replicas(cli, sim_serve
         tokens = list(pool.map(one, range(CONCURRENT)))
     assert tokens == [16] * CONCURRENT
 
-    after = status_of(cli)["replica_stats"]
+    after = status()["replica_stats"]
     served = {r["replica"]: r["accepted"] - before.get(r["replica"], 0) for r in after}
     assert sum(served.values()) == CONCURRENT
     assert sum(1 for n in served.values() if n > 0) >= 2, served
