@@ -1,7 +1,9 @@
-"""Where live scaling decisions go, so operators can see them: Ray's internal KV (read by
-`hbmserve status`) and a Ray metric (scraped by Prometheus with Ray's other metrics).
+"""Where live scaling decisions go: Ray's internal KV (read by `hbmserve status`, and by the
+replicas, which follow the `active_replicas` in it) and a Ray metric (scraped by Prometheus with
+Ray's other metrics). Also the one signal that flows the other way: how many requests a model's
+gate (deployments/gate.py) holds while no replica serves.
 
-Called from the policy inside the Serve controller; thin on purpose, no decisions here.
+Thin on purpose, no decisions here.
 """
 
 from __future__ import annotations
@@ -16,22 +18,54 @@ def _key(app: str | None, deployment: str) -> str:
     return f"autoscale/{app or '-'}/{deployment}"
 
 
+def _held_key(app: str | None, deployment: str) -> str:
+    return f"held/{app or '-'}/{deployment}"
+
+
+# Gauge name -> (help, what of the decision record it shows). One series per app/deployment.
+_GAUGES = {
+    "hbmserve_autoscale_target_replicas": ("Replicas the hbmserve policy asked Serve for", "serve_target"),
+    "hbmserve_autoscale_active_replicas": ("Replicas assigned traffic", "active"),
+    "hbmserve_autoscale_standby_replicas": ("Hot standbys: loaded, out of rotation", "standby"),
+    "hbmserve_autoscale_held_requests": ("Requests held by a scale-to-zero gate", "held_at_ingress"),
+}
+
+
 class DecisionLog:
     def __init__(self) -> None:
-        self._gauge = None
+        self._gauges: dict = {}
 
     def publish(self, app: str | None, deployment: str, serve_target: int, decision: dict[str, Any]) -> None:
         from ray.experimental import internal_kv
         from ray.util.metrics import Gauge
 
+        record = {**decision, "serve_target": serve_target}
         if internal_kv._internal_kv_initialized():
-            record = {**decision, "serve_target": serve_target}
             internal_kv._internal_kv_put(_key(app, deployment), json.dumps(record), overwrite=True,
                                          namespace=KV_NAMESPACE)
-        if self._gauge is None:
-            self._gauge = Gauge("hbmserve_autoscale_target_replicas", "Replicas the hbmserve policy asked Serve for",
-                                tag_keys=("application", "deployment"))
-        self._gauge.set(serve_target, tags={"application": app or "-", "deployment": deployment})
+        values = {"serve_target": serve_target, "active": len(record.get("active_replicas", ())),
+                  "standby": len(record.get("standby_replicas", ())),
+                  "held_at_ingress": record.get("held_at_ingress", 0)}
+        tags = {"application": app or "-", "deployment": deployment}
+        for name, (description, field) in _GAUGES.items():
+            if name not in self._gauges:
+                self._gauges[name] = Gauge(name, description, tag_keys=("application", "deployment"))
+            self._gauges[name].set(values[field], tags=tags)
+
+    def held_at_ingress(self, app: str | None, deployment: str) -> int:
+        from ray.experimental import internal_kv
+
+        if not internal_kv._internal_kv_initialized():
+            return 0
+        raw = internal_kv._internal_kv_get(_held_key(app, deployment), namespace=KV_NAMESPACE)
+        return int(raw) if raw else 0
+
+
+def publish_held(app: str | None, deployment: str, held: int) -> None:
+    """Called by a model's gate whenever the number of requests it holds changes."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(_held_key(app, deployment), str(held), overwrite=True, namespace=KV_NAMESPACE)
 
 
 def latest_decision(app: str | None, deployment: str) -> dict[str, Any] | None:

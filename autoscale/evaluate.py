@@ -3,7 +3,8 @@ the loop - the very `decide` the live adapter calls, taken from the registry - a
 attainment, GPU-hours, dollars, scale actions and dropped requests.
 
 Every policy sees the same cluster, told to it through one `ScalingSpec`:
-  - bounds and queue target from the cluster file's `autoscaling`, TTFT target from `slo`;
+  - bounds and queue target from the cluster file's `autoscaling`, TTFT and TPOT targets from
+    `slo`;
   - per-replica capacity (requests/s at the SLO) from the capacity model for this trace's
     request lengths (`capacity.plan_analytic.capacity_rps`);
   - the trace's peak rate (busiest aligned minute), which only static-peak uses;
@@ -149,7 +150,8 @@ def scaling_spec(cluster: EvalCluster, arr: Arrivals) -> ScalingSpec:
     st = cluster.startup_s
     return ScalingSpec(
         min_replicas=cluster.min_replicas, max_replicas=cluster.max_replicas,
-        ttft_p95_target_s=sc.slo_ttft_s, target_queue_per_replica=cluster.target_queue_per_replica,
+        ttft_p95_target_s=sc.slo_ttft_s, tpot_p95_target_s=sc.slo_tpot_s,
+        target_queue_per_replica=cluster.target_queue_per_replica,
         replica_capacity_rps=cap, startup_hot_s=st[Tier.HOT], startup_warm_s=st[Tier.WARM],
         startup_cold_s=st[Tier.COLD], peak_rps=arr.rate_peak())
 

@@ -18,13 +18,21 @@ How a decision is made, each term in the reason string:
 * TTFT need. p95 TTFT above target asks for active·p95/target replicas (at most
   `max_ttft_growth`× per step). TTFT samples describe the past, so after a scale-up the signal
   is ignored until the new replicas can have served a full look-back window.
+* TPOT need (only with `tpot_p95_target_s`). A p95 time per output token over target with no
+  queue means the active replicas run batches too large: every running sequence waits for the
+  whole batch's step. Model: a decode step's time grows about linearly with the batch, and the
+  router spreads the running sequences evenly, so TPOT ∝ running/active and
+  active·p95/target replicas bring it to target (at most `max_ttft_growth`× per step). The
+  fixed part of a step (weights read once per step) does not shrink with the batch, so this
+  under-asks when p95 is far over target; the next step after the blind window corrects it.
+  Same blind window as TTFT after a scale-up, and the same rule for the queue's echo.
 * Up: target = max(needs) once the wish has lasted `upscale_delay_s` when a symptom (queue,
-  TTFT, ingress backlog) asks for it, or `rate_upscale_delay_s` when only the rate forecast
+  TTFT, TPOT, ingress backlog) asks for it, or `rate_upscale_delay_s` when only the rate forecast
   does: a rate averaged over a window wanders for about that window under a constant load,
   and a forecast is not yet a miss. Requests held at the ingress with no active replica
   scale from zero at once.
-* Down: only when every symptom shows slack (no ingress backlog, queue and p95 TTFT well
-  under target, KV not full) and the rate fits in fewer replicas at the lower
+* Down: only when every symptom shows slack (no ingress backlog, queue, p95 TTFT and p95 TPOT
+  well under target, KV not full) and the rate fits in fewer replicas at the lower
   `downscale_utilization`; the gap between the two utilisations is the dead band that stops
   flapping under a constant noisy load. The wish must persist for `downscale_delay_s` (or
   `scale_to_zero_delay_s` to reach 0), and no scale-down comes within `downscale_cooldown_s`
@@ -83,12 +91,15 @@ class AutoscaleConfig:
     rate_variance_window_s: float = 600.0
     trend_z: float = 1.0  # trust only the slope beyond this many of its own std devs
     slope_noise_window_s: float = 300.0  # memory of how much the slope estimate wanders
-    min_ttft_samples: int = 5
-    max_ttft_growth: float = 2.0
+    # p95 TPOT target (s), from the SLO; None: TPOT is no signal.
+    tpot_p95_target_s: float | None = None
+    min_ttft_samples: int = 5  # for TPOT samples too
+    max_ttft_growth: float = 2.0  # per step, for the TPOT need too
     # A fraction of the TTFT target, not of the idle TTFT: long prompts alone can take half of it.
     ttft_down_fraction: float = 0.8
     queue_down_fraction: float = 0.25
     kv_usage_down_max: float = 0.8
+    tpot_down_fraction: float = 0.8
 
     def __post_init__(self) -> None:
         problems = []
@@ -108,6 +119,8 @@ class AutoscaleConfig:
             problems.append("need 0 <= startup_hot_s <= startup_warm_s <= startup_cold_s")
         if self.hot_standby_min > self.hot_standby_max or self.warm_pool_min > self.warm_pool_max:
             problems.append("standby bounds: min must be <= max (hot_standby_*, warm_pool_*)")
+        if self.tpot_p95_target_s is not None and not self.tpot_p95_target_s > 0:
+            problems.append(f"tpot_p95_target_s must be > 0 or None, got {self.tpot_p95_target_s}")
         for name in ("ttft_p95_target_s", "target_queue_per_replica", "replica_capacity_rps",
                      "look_back_s", "rate_smoothing_s", "rate_variance_window_s",
                      "slope_noise_window_s", "backlog_drain_s"):
@@ -144,8 +157,8 @@ class PolicyState:
     down_floor: int = 0  # highest need seen since down_since
     last_scale_up_at: float | None = None
     last_scale_down_at: float | None = None
-    ttft_blind_until: float | None = None
-    queue_over_at: float | None = None  # last time the queue was over target (TTFT echo)
+    ttft_blind_until: float | None = None  # for TPOT samples too
+    queue_over_at: float | None = None  # last time the queue was over target (TTFT/TPOT echo)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, for Ray Serve's policy_state dict."""
@@ -198,18 +211,27 @@ def rate_need(trend: RateTrend, current: int, replica_rps: float, tier_for: Call
 
 
 def _describe(load: Load, trend: RateTrend, needs: dict[str, int], p: float | None,
-              n_ttft: int, config: AutoscaleConfig, blind: bool) -> str:
+              n_ttft: int, config: AutoscaleConfig, blind: bool, p_tpot: float | None,
+              n_tpot: int) -> str:
+    ignored = " (ignored: new replicas not yet reflected)" if blind else ""
     ttft = "no p95 TTFT" if p is None else (
-        f"p95 TTFT {p:.2f}s/{config.ttft_p95_target_s:.2f}s from {n_ttft} samples"
-        + (" (ignored: new replicas not yet reflected)" if blind else ""))
+        f"p95 TTFT {p:.2f}s/{config.ttft_p95_target_s:.2f}s from {n_ttft} samples{ignored}")
+    if config.tpot_p95_target_s is None:
+        tpot = "TPOT not a signal"
+    elif p_tpot is None:
+        tpot = "no p95 TPOT"
+    else:
+        tpot = (f"p95 TPOT {1000 * p_tpot:.0f}ms/{1000 * config.tpot_p95_target_s:.0f}ms from "
+                f"{n_tpot} samples{ignored}")
     return (
         f"rate {trend.level:.2f} rps ±{trend.sigma:.2f}, trend {trend.slope:+.4f}/s "
         f"(trusted {trend.trusted_slope:+.4f}/s) "
         f"(need {needs['rate']} at {config.replica_capacity_rps * config.target_utilization:.2f}"
         f" rps/replica); queue {load.queue_per_active:.1f}/replica vs "
         f"{config.target_queue_per_replica:g} (need {needs['queue']}); {ttft} "
-        f"(need {needs['ttft']}); kv {load.mean_kv_usage:.2f}; active {load.active} "
-        f"starting {load.starting} standby {load.standby} pending {load.pending}"
+        f"(need {needs['ttft']}); {tpot} (need {needs['tpot']}); kv {load.mean_kv_usage:.2f}; "
+        f"active {load.active} starting {load.starting} standby {load.standby} "
+        f"pending {load.pending}"
     )
 
 
@@ -240,9 +262,18 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
     queued_over = load.waiting + load.pending > config.target_queue_per_replica * load.active
     queue_over_at = now if queued_over else state.queue_over_at
     echo = queue_over_at is not None and now - queue_over_at < config.look_back_s
+    base = max(load.active, 1)
     if p is not None and p > config.ttft_p95_target_s and not blind and not echo:
-        base = max(load.active, 1)
         n_ttft = min(math.ceil(base * p / config.ttft_p95_target_s),
+                     math.ceil(base * config.max_ttft_growth))
+    tpot_target = config.tpot_p95_target_s
+    p_tpot = p95(snapshot.tpot_samples_s) if (
+        tpot_target is not None and len(snapshot.tpot_samples_s) >= config.min_ttft_samples) \
+        else None
+    n_tpot = 0
+    if p_tpot is not None and tpot_target is not None and p_tpot > tpot_target and not blind \
+            and not echo:
+        n_tpot = min(math.ceil(base * p_tpot / tpot_target),
                      math.ceil(base * config.max_ttft_growth))
     needs = {
         "rate": 0 if idle else rate_need(trend, current, capacity * config.target_utilization,
@@ -251,12 +282,13 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
                             arrival_rps=snapshot.arrival_rate_rps, replica_rps=capacity,
                             horizon_s=startup[tier_for(1)], drain_s=config.backlog_drain_s),
         "ttft": n_ttft,
+        "tpot": n_tpot,
         "ingress": 1 if load.pending > 0 else 0,
     }
     # Below the floor (min_replicas, or one replica for requests held at the ingress) is an
     # up-wish acted on at once.
     up_need = min(max(*needs.values(), floor), config.max_replicas)
-    symptom_up = max(needs["queue"], needs["ttft"], needs["ingress"]) > current
+    symptom_up = max(needs["queue"], needs["ttft"], needs["tpot"], needs["ingress"]) > current
     down_need = 0 if idle else max(1, rate_need(
         trend, current, capacity * config.downscale_utilization, tier_for, startup,
         config.max_replicas))
@@ -264,9 +296,12 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
         load.pending == 0
         and load.queue_per_active <= config.target_queue_per_replica * config.queue_down_fraction
         and (p is None or p <= config.ttft_p95_target_s * config.ttft_down_fraction)
+        and (p_tpot is None or tpot_target is None
+             or p_tpot <= tpot_target * config.tpot_down_fraction)
         and load.mean_kv_usage <= config.kv_usage_down_max
     )
-    signals = _describe(load, trend, needs, p, len(snapshot.ttft_samples_s), config, blind)
+    signals = _describe(load, trend, needs, p, len(snapshot.ttft_samples_s), config, blind,
+                        p_tpot, len(snapshot.tpot_samples_s))
 
     def pool_for(active: int) -> PoolSizing:
         return size_pool(

@@ -35,6 +35,7 @@ class ScalingSpec:
     min_replicas: int = 1
     max_replicas: int = 16
     ttft_p95_target_s: float = 2.0
+    tpot_p95_target_s: float | None = 0.1  # None: TPOT is no scaling signal
     target_queue_per_replica: float = 4.0
     replica_capacity_rps: float = 1.0  # measured per replica at the SLO
     target_utilization: float = 0.8
@@ -55,6 +56,7 @@ def hbmserve_config(spec: ScalingSpec) -> AutoscaleConfig:
     return AutoscaleConfig(
         min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
         ttft_p95_target_s=spec.ttft_p95_target_s,
+        tpot_p95_target_s=spec.tpot_p95_target_s,
         target_queue_per_replica=spec.target_queue_per_replica,
         replica_capacity_rps=spec.replica_capacity_rps,
         target_utilization=spec.target_utilization,

@@ -4,13 +4,16 @@ Three pieces, all thin:
 
 * `autoscaling_stats(...)`: what the engine deployment's `record_autoscaling_stats()` returns
   (Serve requires dict[str, int | float]); the names are defined here, once.
-* `snapshot_from_context(ctx, look_back_s)`: AutoscalingContext -> Snapshot. It reads only
-  attributes (duck-typed), so it needs no Ray import.
+* `snapshot_from_context(ctx, ...)` and `decide_from_context(ctx, config, held)`:
+  AutoscalingContext -> Snapshot -> decide -> roles (roles.py) -> Serve's answer. They read
+  only attributes (duck-typed), so they need no Ray import.
 * `HbmServeAutoscalingPolicy`: the callable Serve instantiates with `policy_kwargs` (the
   AutoscaleConfig fields) and calls as `(AutoscalingContext) -> (target_replicas, policy_state)`.
-  Serve replicas = active target + hot standbys (standbys are loaded replicas that the router
-  must skip until promoted). Warm and cold pool targets travel in policy_state for the
-  node-pool executor, and every decision is logged with its reason.
+  Serve replicas = active target + hot standbys. Which replicas are active is decided here
+  (roles.py) and published with the decision (decision_log.py); replicas follow it, binding
+  or releasing the model's port, so a standby gets no traffic until promoted. Warm and cold
+  pool targets travel in the decision record for a node-pool executor (none yet: KubeRay's
+  autoscaler provisions nodes), and every decision is logged with its reason.
 
 `serve_autoscaling_config(config)` gives the AutoscalingConfig kwargs that make this the only
 hysteresis in the loop: Serve wraps every custom policy in its own delay logic
@@ -23,12 +26,12 @@ request -> 1 replica without asking the policy), and a scale-down to 0 only from
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import asdict
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
+from hbmserve.autoscale.roles import age_order, assign_roles, current_active
 from hbmserve.autoscale.signals import p95
 from hbmserve.autoscale.types import ReplicaSnapshot, ReplicaState, Snapshot, Tier
 
@@ -36,29 +39,30 @@ STAT_WAITING = "hbm_waiting"
 STAT_RUNNING = "hbm_running"
 STAT_KV_USAGE = "hbm_kv_usage"
 STAT_TTFT_P95_S = "hbm_ttft_p95_s"  # the replica's p95 TTFT over its own recent window
+STAT_TPOT_P95_S = "hbm_tpot_p95_s"  # p95 of its streamed requests' time per output token
 STAT_ARRIVAL_RPS = "hbm_arrival_rps"  # requests/s the replica received over the window
-STAT_STANDBY = "hbm_standby"  # 1.0 while a hot standby (loaded, not routed to)
-STAT_PENDING = "hbm_pending"  # requests held at hbmserve's ingress, waiting for any replica
 
 POLICY_STATE_KEY = "hbmserve"
+ROLES_KEY = "hbmserve_roles"
 DECISION_KEY = "hbmserve_decision"
 POLICY_PATH = "hbmserve.autoscale.serve_adapter:HbmServeAutoscalingPolicy"
 
 
 def autoscaling_stats(*, waiting: int, running: int, kv_usage: float,
-                      ttft_samples_s: Iterable[float], arrival_rps: float,
-                      standby: bool) -> dict[str, float]:
+                      ttft_samples_s: Iterable[float], tpot_samples_s: Iterable[float],
+                      arrival_rps: float) -> dict[str, float]:
     """The body of an engine deployment's `record_autoscaling_stats()`."""
     stats = {
         STAT_WAITING: float(waiting),
         STAT_RUNNING: float(running),
         STAT_KV_USAGE: float(kv_usage),
         STAT_ARRIVAL_RPS: float(arrival_rps),
-        STAT_STANDBY: 1.0 if standby else 0.0,
     }
-    ttft = p95(tuple(ttft_samples_s))
-    if ttft is not None:  # no completed request, no TTFT: the key is simply absent
-        stats[STAT_TTFT_P95_S] = ttft
+    # No completed request, no latency: the key is simply absent.
+    for key, samples in ((STAT_TTFT_P95_S, ttft_samples_s), (STAT_TPOT_P95_S, tpot_samples_s)):
+        value = p95(tuple(samples))
+        if value is not None:
+            stats[key] = value
     return stats
 
 
@@ -74,40 +78,48 @@ def _latest(ctx: Any, name: str, replica_id: Any) -> float | None:
     return None if aggregated is None else float(aggregated)
 
 
-def snapshot_from_context(ctx: Any, look_back_s: float) -> Snapshot:
+def _window(ctx: Any, name: str, replica_id: Any, since: float) -> list[float]:
+    series = (ctx.raw_metrics or {}).get(name, {}).get(replica_id) or []
+    return [float(p.value) for p in series if p.timestamp >= since]
+
+
+def snapshot_from_context(ctx: Any, look_back_s: float, active: Collection[str] | None = None,
+                          held_at_ingress: int = 0) -> Snapshot:
     """Build the policy's view from a Serve AutoscalingContext.
 
-    Per replica: the latest reported value of each stat. TTFT samples: every per-replica p95
-    reported inside the look-back window (the p95 of those approximates the fleet's p95 from
-    above). STARTING: replicas Serve targets but does not yet run. Requests queued at
-    held at hbmserve's ingress (STAT_PENDING) are the ingress backlog.
+    Per replica: the latest reported value of each stat; ACTIVE if in `active` (the roles the
+    policy assigned; None: all of them), else a hot STANDBY. Latency samples: every per-replica
+    p95 reported inside the look-back window by active replicas (the p95 of those approximates
+    the fleet's p95 from above). STARTING: replicas Serve targets but does not yet run.
+    `held_at_ingress`: requests the model's gate holds while no replica serves (gate.py).
+    Not ctx.total_queued_requests: hbmserve's requests never pass through Serve handles (the
+    replicas serve HTTP themselves), so Serve's handle queue holds only control-plane calls.
     """
     now = ctx.current_time if ctx.current_time is not None else time.time()
+    since = now - look_back_s
     replicas: list[ReplicaSnapshot] = []
     ttft: list[float] = []
+    tpot: list[float] = []
     arrival = 0.0
     for rid in ctx.running_replicas:
-        standby = (_latest(ctx, STAT_STANDBY, rid) or 0.0) >= 0.5
+        key = _replica_key(rid)
+        serving = active is None or key in active
         replicas.append(ReplicaSnapshot(
-            replica_id=_replica_key(rid),
-            state=ReplicaState.STANDBY if standby else ReplicaState.ACTIVE,
+            replica_id=key,
+            state=ReplicaState.ACTIVE if serving else ReplicaState.STANDBY,
             waiting=round(_latest(ctx, STAT_WAITING, rid) or 0.0),
             running=round(_latest(ctx, STAT_RUNNING, rid) or 0.0),
             kv_usage=_latest(ctx, STAT_KV_USAGE, rid) or 0.0,
         ))
-        if standby:
-            continue
-        arrival += _latest(ctx, STAT_ARRIVAL_RPS, rid) or 0.0
-        series = (ctx.raw_metrics or {}).get(STAT_TTFT_P95_S, {}).get(rid) or []
-        ttft.extend(float(p.value) for p in series if p.timestamp >= now - look_back_s)
+        if serving:
+            arrival += _latest(ctx, STAT_ARRIVAL_RPS, rid) or 0.0
+            ttft.extend(_window(ctx, STAT_TTFT_P95_S, rid, since))
+            tpot.extend(_window(ctx, STAT_TPOT_P95_S, rid, since))
     for i in range(max(0, ctx.target_num_replicas - ctx.current_num_replicas)):
         replicas.append(ReplicaSnapshot(replica_id=f"starting-{i}", state=ReplicaState.STARTING))
-    # Not ctx.total_queued_requests: hbmserve's requests never pass through Serve handles (the
-    # replicas serve HTTP themselves), so Serve's handle queue holds only control-plane calls
-    # such as `hbmserve status` probes, which must not look like user demand.
-    queued = max((_latest(ctx, STAT_PENDING, rid) or 0.0 for rid in ctx.running_replicas), default=0.0)
     return Snapshot(now=float(now), replicas=tuple(replicas), ttft_samples_s=tuple(ttft),
-                    arrival_rate_rps=arrival, pending_at_ingress=math.ceil(queued))
+                    tpot_samples_s=tuple(tpot), arrival_rate_rps=arrival,
+                    pending_at_ingress=held_at_ingress)
 
 
 def serve_target(target_active: int, target_standby: dict[Tier, int]) -> int:
@@ -115,19 +127,33 @@ def serve_target(target_active: int, target_standby: dict[Tier, int]) -> int:
     return target_active + target_standby.get(Tier.HOT, 0)
 
 
-def decide_from_context(ctx: Any, config: AutoscaleConfig) -> tuple[int, dict[str, Any]]:
-    """The whole translation, context in, Serve's answer out; no logging."""
-    prior = (ctx.policy_state or {}).get(POLICY_STATE_KEY)
+def decide_from_context(ctx: Any, config: AutoscaleConfig,
+                        held_at_ingress: int = 0) -> tuple[int, dict[str, Any]]:
+    """The whole translation, context in, Serve's answer out; no logging, no I/O."""
+    prior_state = ctx.policy_state or {}
+    prior = prior_state.get(POLICY_STATE_KEY)
     state = PolicyState.from_dict(prior) if prior else PolicyState()
-    snapshot = snapshot_from_context(ctx, config.look_back_s)
+    roles = prior_state.get(ROLES_KEY) or {}
+    running = [_replica_key(r) for r in ctx.running_replicas]
+    order = age_order(running, roles.get("order", ()))
+    serving = current_active(order, roles.get("active"))
+    snapshot = snapshot_from_context(ctx, config.look_back_s, serving, held_at_ingress)
     decision, state = decide(snapshot, config, state)
-    policy_state = dict(ctx.policy_state or {})
+    assignment = assign_roles(running, order, roles.get("active"), decision.target_active)
+    reason = decision.reason
+    if assignment.describe():
+        reason = f"{reason}; {assignment.describe()}"
+    policy_state = dict(prior_state)
     policy_state[POLICY_STATE_KEY] = state.to_dict()
+    policy_state[ROLES_KEY] = {"order": list(assignment.order), "active": list(assignment.active)}
     policy_state[DECISION_KEY] = {
         "at": snapshot.now,
         "target_active": decision.target_active,
         "target_standby": {t.value: n for t, n in decision.target_standby.items()},
-        "reason": decision.reason,
+        "active_replicas": list(assignment.active),
+        "standby_replicas": list(assignment.standby),
+        "held_at_ingress": held_at_ingress,
+        "reason": reason,
     }
     return serve_target(decision.target_active, decision.target_standby), policy_state
 
@@ -143,15 +169,19 @@ class HbmServeAutoscalingPolicy:
         self._decisions = DecisionLog()
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
-        target, policy_state = decide_from_context(ctx, self.config)
+        app, deployment = getattr(ctx, "app_name", None), getattr(ctx, "deployment_name", "?")
+        held = self._decisions.held_at_ingress(app, deployment)
+        target, policy_state = decide_from_context(ctx, self.config, held)
         previous = (ctx.policy_state or {}).get(DECISION_KEY) or {}
         decision = policy_state[DECISION_KEY]
-        if (previous.get("target_active"), previous.get("target_standby")) != (
-                decision["target_active"], decision["target_standby"]):
-            self._log.info("hbmserve autoscale %s: serve replicas %d; %s",
-                           getattr(ctx, "deployment_name", "?"), target, decision["reason"])
-        self._decisions.publish(getattr(ctx, "app_name", None), getattr(ctx, "deployment_name", "?"), target,
-                                decision)
+        changed = [k for k in ("target_active", "target_standby", "active_replicas")
+                   if previous.get(k) != decision[k]]
+        if changed:
+            self._log.info("hbmserve autoscale %s: serve replicas %d; %s", deployment, target,
+                           decision["reason"])
+        # The replicas follow `active_replicas` from this record: publish every tick, so a
+        # restarted replica or controller converges without waiting for a change.
+        self._decisions.publish(app, deployment, target, decision)
         return target, policy_state
 
 

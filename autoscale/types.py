@@ -43,6 +43,10 @@ class Snapshot:
     replicas: tuple[ReplicaSnapshot, ...]
     # TTFT samples (seconds) that completed inside the policy's look-back window.
     ttft_samples_s: tuple[float, ...] = ()
+    # Per-request mean time per output token (seconds: (finish - first token) / (output - 1))
+    # of requests that completed inside the look-back window; requests of one output token
+    # have none.
+    tpot_samples_s: tuple[float, ...] = ()
     # Requests per second that arrived over the look-back window.
     arrival_rate_rps: float = 0.0
     # Requests held at the ingress because no replica was active (scale-from-zero).

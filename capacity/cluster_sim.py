@@ -99,6 +99,7 @@ class _Run:
         self.tokens_at: list[float] = []
         self.tokens_n: list[int] = []
         self.ttft_window: deque[tuple[float, float]] = deque()
+        self.tpot_window: deque[tuple[float, float]] = deque()  # (finish time, TPOT)
         self.series: list[tuple[float, ...]] = []
         self.decisions: list[tuple[float, int, str]] = []
         self.state = policy.initial_state if policy else None
@@ -185,6 +186,10 @@ class _Run:
             self.itl_w.append(np.full(plan.steps, plan.n_dec))
         self.tokens_at.append(now)
         self.tokens_n.append(plan.n_dec * plan.steps + firsts)
+        for r in finished:
+            # As sim_metrics counts it: one-token outputs have no TPOT.
+            if r.max_tokens > 1:
+                self.tpot_window.append((now, (r.finish_t - r.first_token_t) / (r.max_tokens - 1)))
         self.inflight -= len(finished)
         self.done.extend(finished)
         rep.plan = None
@@ -193,9 +198,14 @@ class _Run:
     # ---- policy ----
     def snapshot(self, now: float) -> Snapshot:
         lb = self.pb.lookback_s if self.pb else 30.0
-        while self.ttft_window and self.ttft_window[0][0] < now - lb:
-            self.ttft_window.popleft()
+        for window in (self.ttft_window, self.tpot_window):
+            while window and window[0][0] < now - lb:
+                window.popleft()
         lo, hi = np.searchsorted(self.arr.t, [now - lb, now], side="right")
+        # Before the window has filled, the rate over the part seen (at least 1 s): dividing
+        # the first seconds' arrivals by the whole window showed a ramp from 0 that no real
+        # load had, and the trend ordered a fleet for it.
+        seen = min(lb, max(now, 1.0))
         # As the live system reports them: a HOT standby is a STANDBY replica; a WARM standby is a
         # node with weights on NVMe (`warm_ready`), not a replica; standbys still being prepared
         # are not visible yet.
@@ -210,7 +220,8 @@ class _Run:
             reps.append(ReplicaSnapshot(r.rid, r.state, r.engine.num_waiting, r.engine.num_running,
                                         r.engine.kv_usage()))
         return Snapshot(now=now, replicas=tuple(reps), ttft_samples_s=tuple(s for _, s in self.ttft_window),
-                        arrival_rate_rps=(hi - lo) / lb, pending_at_ingress=len(self.pending), warm_ready=warm)
+                        tpot_samples_s=tuple(s for _, s in self.tpot_window),
+                        arrival_rate_rps=(hi - lo) / seen, pending_at_ingress=len(self.pending), warm_ready=warm)
 
     def on_tick(self, now: float) -> None:
         assert self.pb is not None

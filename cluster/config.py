@@ -81,6 +81,17 @@ class TierStartup(_Strict):
         return self
 
 
+class StandbyBounds(_Strict):
+    min: Annotated[int, Field(ge=0)] = 0
+    max: Annotated[int, Field(ge=0)] = 1
+
+    @model_validator(mode="after")
+    def _ordered(self) -> StandbyBounds:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
 class AutoscalingSpec(_Strict):
     min_replicas: Annotated[int, Field(ge=0)] = 1
     max_replicas: Annotated[int, Field(ge=1)] = 1
@@ -92,6 +103,12 @@ class AutoscalingSpec(_Strict):
     downscale_delay_s: Annotated[float, Field(ge=0)] = 60.0
     # No scale-down this soon after a scale-up.
     downscale_cooldown_s: Annotated[float, Field(ge=0)] = 60.0
+    # Loaded replicas kept out of rotation, promoted in one port bind when load rises; the
+    # policy sizes the pool between these bounds (autoscale/warm_pool.py), inside max_replicas.
+    hot_standby: StandbyBounds = StandbyBounds()
+    # min_replicas 0: how long the model's gate holds a request while the first replica
+    # starts, before answering 503 + Retry-After.
+    scale_from_zero_wait_s: Annotated[float, Field(gt=0)] = 120.0
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,7 +121,22 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
         except RuntimeError as err:
             raise ClusterError(f"model {m.name} failed to deploy: {err}") from None
         endpoints[m.name] = handle.info.remote().result(timeout_s=60)["url"]
+        # An autoscaled replica binds the port once the policy makes it active (one control
+        # loop tick); the endpoint is returned when it answers.
+        _wait_listening(endpoints[m.name], timeout_s=60)
     return endpoints
+
+
+def _wait_listening(url: str, timeout_s: float) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = "127.0.0.1" if parts.hostname in ("0.0.0.0", "::") else parts.hostname
+    deadline = time.monotonic() + timeout_s
+    while not _port_open(f"{host}:{parts.port}"):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{url} is not listening {timeout_s:g}s after the deployment started")
+        time.sleep(0.2)
 
 
 def _placement_plans(spec: ClusterSpec) -> dict:
@@ -157,6 +173,7 @@ class ReplicaStats:
     accepted: int  # requests admitted since the replica started
     rejected: int  # 429s
     in_flight: int
+    role: str = "active"  # or "standby": loaded, out of rotation (autoscale/roles.py)
     # Planned replicas only: placement_verified and what crossed (placement/verification.py).
     placement: dict | None = None
 
@@ -171,6 +188,8 @@ class ModelStatus:
     replica_stats: tuple[ReplicaStats, ...] = ()  # the running replicas that answered
     # The autoscaling policy's last decision and reason; None with a fixed replica count.
     autoscale: dict | None = None
+    # A scale-to-zero model's gate (deployments/gate.py): listening, held requests.
+    gate: dict | None = None
 
 
 def _probe_replicas(handle, running: int, rounds: int = 5) -> dict[str, dict]:
@@ -201,19 +220,26 @@ def status() -> list[ModelStatus]:
     for name, app in serve.status().applications.items():
         replicas: dict[str, int] = {}
         seen: dict[str, dict] = {}
+        gate = None
         # A planned model has a deployment per replica (deployments/placed_app.py): probe each.
         for dep_name, dep in app.deployments.items():
             states = {str(getattr(state, "value", state)): n for state, n in dep.replica_states.items()}
+            if dep_name.startswith("gate-"):
+                if states.get("RUNNING", 0):
+                    gate = serve.get_deployment_handle(dep_name, app_name=name).info.remote().result(timeout_s=10)
+                continue
             for state, n in states.items():
                 replicas[state] = replicas.get(state, 0) + n
             if states.get("RUNNING", 0):
                 seen |= _probe_replicas(serve.get_deployment_handle(dep_name, app_name=name), states["RUNNING"])
-        stats = tuple(ReplicaStats(key, i["url"], i["accepted"], i["rejected"], i["in_flight"], i.get("placement"))
+        stats = tuple(ReplicaStats(key, i["url"], i["accepted"], i["rejected"], i["in_flight"],
+                                   i.get("role", "active"), i.get("placement"))
                       for key, i in sorted(seen.items()))
         decisions = [d for d in (latest_decision(name, dep) for dep in app.deployments) if d]
         out.append(ModelStatus(name, str(getattr(app.status, "value", app.status)), replicas,
-                               tuple(sorted({s.url for s in stats})), app.message, stats,
-                               decisions[0] if decisions else None))
+                               tuple(sorted({s.url for s in stats} | ({gate["url"]} if gate else set()))),
+                               app.message, stats,
+                               decisions[0] if decisions else None, gate))
     return out
 
 

@@ -172,12 +172,17 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         table.add_column(col)
     for m in models:
         reps = ", ".join(f"{n} {s.lower()}" for s, n in sorted(m.replicas.items())) or "-"
-        accepted = " / ".join(str(r.accepted) for r in m.replica_stats) or "-"
+        accepted = " / ".join(str(r.accepted) + (" (standby)" if r.role == "standby" else "")
+                              for r in m.replica_stats) or "-"
         table.add_row(m.name, m.app_status, reps, "\n".join(m.endpoints) or "-", accepted)
     out.print(table if models else "no models deployed")
     for m in models:
         if m.autoscale:
             out.print(f"[bold]{m.name}[/] autoscale -> {m.autoscale['serve_target']} replicas: {m.autoscale['reason']}",
+                      highlight=False)
+        if m.gate:
+            where = "listening: no replica active" if m.gate["listening"] else "idle: replicas serve the port"
+            out.print(f"[bold]{m.name}[/] scale-to-zero gate {where}; holding {m.gate['held']} request(s)",
                       highlight=False)
         placed = [r.placement for r in m.replica_stats if r.placement is not None]
         if placed:

@@ -22,6 +22,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # Only generation endpoints consume engine capacity; /v1/models and /health are always served.
 _ADMITTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 _WINDOW_S = 30.0
+# Fewer body chunks than this is a whole (non-streamed) reply or too short to time decoding.
+_MIN_TPOT_CHUNKS = 4
+_SSE_DONE = b"data: [DONE]\n\n"
 
 
 @dataclass
@@ -34,14 +37,19 @@ class LoadCounters:
     arrived: deque[float] = field(default_factory=deque)  # admission times
     finished: deque[float] = field(default_factory=deque)  # completion times
     first_byte_s: deque[tuple[float, float]] = field(default_factory=deque)  # (at, seconds)
+    # (at, seconds per output token) of streamed replies: the gap between the first and last
+    # body chunk over the chunks between, one token per chunk as vLLM (stream interval 1) and
+    # the simulator stream. The final usage chunk counts as one more: ~1/n low for n tokens.
+    tpot_s: deque[tuple[float, float]] = field(default_factory=deque)
 
     def trim(self, now: float) -> None:
         while self.arrived and self.arrived[0] < now - _WINDOW_S:
             self.arrived.popleft()
         while self.finished and self.finished[0] < now - _WINDOW_S:
             self.finished.popleft()
-        while self.first_byte_s and self.first_byte_s[0][0] < now - _WINDOW_S:
-            self.first_byte_s.popleft()
+        for samples in (self.first_byte_s, self.tpot_s):
+            while samples and samples[0][0] < now - _WINDOW_S:
+                samples.popleft()
 
     def completion_rate(self, now: float) -> float | None:
         self.trim(now)
@@ -54,6 +62,10 @@ class LoadCounters:
     def ttft_samples(self, now: float) -> tuple[float, ...]:
         self.trim(now)
         return tuple(s for _, s in self.first_byte_s)
+
+    def tpot_samples(self, now: float) -> tuple[float, ...]:
+        self.trim(now)
+        return tuple(s for _, s in self.tpot_s)
 
 
 def _error(status: int, message: str, err_type: str, code: str, headers: list[tuple[bytes, bytes]] = ()):
@@ -96,18 +108,24 @@ class IngressMiddleware:
         c.in_flight += 1
         c.accepted += 1
         c.arrived.append(now)
-        first = True
+        chunks, first_at, last_at = 0, now, now
 
         async def counting_send(message: dict[str, Any]) -> None:
-            nonlocal first
-            if first and message["type"] == "http.response.body" and message.get("body"):
-                first = False
-                t = time.monotonic()
-                c.first_byte_s.append((t, t - now))
+            nonlocal chunks, first_at, last_at
+            body = message.get("body") if message["type"] == "http.response.body" else None
+            if body and body != _SSE_DONE:  # the end marker comes with no token
+                last_at = time.monotonic()
+                if chunks == 0:
+                    first_at = last_at
+                    c.first_byte_s.append((last_at, last_at - now))
+                chunks += 1
             await send(message)
 
         try:
             await self.app(scope, receive, counting_send)
         finally:
             c.in_flight -= 1
-            c.finished.append(time.monotonic())
+            done = time.monotonic()
+            c.finished.append(done)
+            if chunks >= _MIN_TPOT_CHUNKS:
+                c.tpot_s.append((done, (last_at - first_at) / (chunks - 1)))

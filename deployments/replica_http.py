@@ -43,22 +43,41 @@ def bind_shared(host: str, port: int) -> socket.socket:
 
 
 class AsgiListener:
-    """uvicorn serving one ASGI app on an already-bound socket, on the running event loop."""
+    """uvicorn serving one ASGI app on the model's shared port, on the running event loop.
+
+    `pause()` takes the replica out of the port's rotation (a hot standby, or a replica being
+    demoted) while its in-flight requests finish; `resume()` puts it back. Each `serve` or
+    `resume` binds a fresh socket with its own uvicorn server; paused ones drain in the
+    background and `stop()` waits for them.
+    """
 
     def __init__(self) -> None:
         self._server = None
         self._task: asyncio.Task | None = None
+        self._draining: set[asyncio.Task] = set()
+        self._target: tuple | None = None  # (asgi, host, port) of the last serve()
+        # This replica alone, on an ephemeral port: where a model's gate forwards the requests
+        # it held (forwarding to the shared port could land on the gate itself).
+        self.private_url: str | None = None
+
+    def prepare(self, asgi, host: str, port: int) -> str:
+        """Remember what to serve, without binding (a replica that starts as a standby)."""
+        self._target = (asgi, host, port)
+        return f"http://{host}:{port}"
 
     async def serve(self, asgi, host: str, port: int) -> str:
         """Bind the model's shared port and serve `asgi` on it; returns the URL. Call only once
         the engine is ready: binding is what puts the replica into the port's rotation."""
         import uvicorn
 
+        self.prepare(asgi, host, port)
         sock = bind_shared(host, port)
+        private = socket.create_server((host, 0), backlog=1024)
+        private.setblocking(False)
         config = uvicorn.Config(asgi, log_level="warning", access_log=False, timeout_keep_alive=30,
                                 timeout_graceful_shutdown=DRAIN_TIMEOUT_S)
         self._server = _no_signal_server(config)
-        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock, private]))
         try:
             while not self._server.started:
                 if self._task.done():
@@ -67,20 +86,40 @@ class AsgiListener:
                 await asyncio.sleep(0.05)
         except BaseException:
             sock.close()
+            private.close()
             raise
+        self.private_url = "http://{}:{}".format(*private.getsockname()[:2])
         bound_host, bound_port = sock.getsockname()[:2]
         return f"http://{bound_host}:{bound_port}"
 
+    def pause(self) -> None:
+        """Stop accepting connections now; in-flight requests finish in the background."""
+        if self.serving:
+            self._server.should_exit = True
+            self._draining.add(self._task)
+            self._task.add_done_callback(self._draining.discard)
+        self._server, self._task, self.private_url = None, None, None
+
+    async def resume(self) -> None:
+        if not self.serving and self._target is not None:
+            await self.serve(*self._target)
+
     async def stop(self, timeout_s: float = DRAIN_TIMEOUT_S + 2) -> None:
         """Drain: close the listening socket, let in-flight requests finish, then return."""
-        if self._server is not None:
-            self._server.should_exit = True
+        self.pause()
+        self._target = None  # stopped for good: not ready, and resume() does nothing
+        if self._draining:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._task, timeout=timeout_s)
+                await asyncio.wait_for(asyncio.gather(*self._draining, return_exceptions=True), timeout=timeout_s)
 
     @property
     def serving(self) -> bool:
         return self._task is not None and not self._task.done()
+
+    @property
+    def ready(self) -> bool:
+        """Serving, or paused on purpose (a standby): what a health check may accept."""
+        return self.serving or (self._task is None and self._target is not None)
 
 
 def _no_signal_server(config):

@@ -7,6 +7,8 @@ through ENGINE_SERVERS, a registry keyed by `EngineKind`.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
 from typing import Callable
@@ -14,6 +16,8 @@ from typing import Callable
 from hbmserve.cluster.config import ClusterSpec, EngineKind, ModelSpec
 from hbmserve.deployments.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import vllm_launch
+
+log = logging.getLogger("hbmserve.replica")
 
 
 # Accepted requests beyond the engine's batch wait in the engine queue; past this many per
@@ -46,15 +50,57 @@ ENGINE_SERVERS: dict[EngineKind, Callable] = {
 }
 
 
+# How often an autoscaled replica re-reads its role; promotion latency is at most this plus
+# one Serve control-loop tick.
+ROLE_POLL_S = 0.2
+
+
 class EngineReplica:
-    """A Serve replica that owns one engine and its HTTP server."""
+    """A Serve replica that owns one engine and its HTTP server.
+
+    An autoscaled replica follows the role the policy assigns it (autoscale/roles.py): active
+    replicas listen on the model's port, hot standbys keep the engine loaded without listening.
+    """
 
     async def __init__(self, model_json: str, host: str, port: int, api_key_env: str | None):
         self.model = ModelSpec.model_validate_json(model_json)
+        self.host = host
         keys = os.environ.get(api_key_env, "") if api_key_env else ""
         api_keys = frozenset(k for k in keys.split(",") if k)
         self.server = ENGINE_SERVERS[self.model.engine](self.model, host, port, api_keys)
-        self.url = await self.server.start()
+        self._roles: asyncio.Task | None = None
+        if self.model.autoscaling is None:
+            self.url = await self.server.start()
+            return
+        from ray import serve
+
+        ctx = serve.get_replica_context()
+        self._me = (ctx.app_name, ctx.deployment, ctx.replica_id.unique_id)
+        self.url = await self.server.start(listen=await asyncio.to_thread(self._assigned_active))
+        self._roles = asyncio.get_running_loop().create_task(self._follow_roles())
+
+    def _assigned_active(self) -> bool:
+        """Blocking (Ray internal KV). Before the policy's first decision every replica serves."""
+        from hbmserve.autoscale.decision_log import latest_decision
+
+        app, deployment, me = self._me
+        decision = latest_decision(app, deployment)
+        return decision is None or me in decision.get("active_replicas", ())
+
+    async def _follow_roles(self) -> None:
+        listener = self.server.listener
+        while True:
+            await asyncio.sleep(ROLE_POLL_S)
+            try:
+                active = await asyncio.to_thread(self._assigned_active)
+                if active and not listener.serving:
+                    await listener.resume()
+                    log.info("promoted: serving %s on %s", self.model.name, self.url)
+                elif not active and listener.serving:
+                    listener.pause()
+                    log.info("standby: %s out of rotation, in-flight requests finishing", self.model.name)
+            except Exception:  # noqa: BLE001 - a KV hiccup must not kill the replica; retry next poll
+                log.warning("could not follow the autoscaler's role assignment", exc_info=True)
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Custom metrics for the autoscaling policy (autoscale/serve_adapter.py). Async: the
@@ -65,18 +111,25 @@ class EngineReplica:
         load = self.server.engine_stats()
         c = self.server.counters
         return autoscaling_stats(waiting=load.waiting, running=load.running, kv_usage=load.kv_usage,
-                                 ttft_samples_s=c.ttft_samples(now), arrival_rps=c.arrival_rate(now),
-                                 standby=False)
+                                 ttft_samples_s=c.ttft_samples(now), tpot_samples_s=c.tpot_samples(now),
+                                 arrival_rps=c.arrival_rate(now))
 
     async def info(self) -> dict:
         import ray
+        from ray import serve
 
         c = self.server.counters
         load = self.server.engine_stats()
+        private = self.server.listener.private_url
+        if private and self.host in ("0.0.0.0", "::"):
+            private = private.replace(self.host, ray.util.get_node_ip_address(), 1)
         return {
             "model": self.model.name,
             "engine": self.model.engine.value,
             "url": self.url,
+            "private_url": private,
+            "role": "active" if self.server.listener.serving else "standby",
+            "replica": serve.get_replica_context().replica_id.unique_id,
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
             "in_flight": c.in_flight,
@@ -93,6 +146,8 @@ class EngineReplica:
             raise RuntimeError(f"engine for {self.model.name} is not serving")
 
     async def __del__(self) -> None:
+        if self._roles is not None:
+            self._roles.cancel()
         await self.server.stop()
 
 
@@ -149,14 +204,21 @@ def scaling_options(model: ModelSpec) -> dict:
     return {"autoscaling_config": serve_autoscaling_config(config)}
 
 
+def engine_deployment_name(model: ModelSpec) -> str:
+    return f"engine-{model.name}".replace("/", "-").replace(":", "-")
+
+
 def build_model_app(spec: ClusterSpec, model: ModelSpec, port: int):
+    """The model's Serve application: its engine deployment, fronted by a gate (gate.py) when
+    the model may scale to zero."""
     from ray import serve
 
     from hbmserve.deployments.replica_http import DRAIN_TIMEOUT_S
 
+    name = engine_deployment_name(model)
     deployment = serve.deployment(
         EngineReplica,
-        name=f"engine-{model.name}".replace("/", "-").replace(":", "-"),
+        name=name,
         ray_actor_options=actor_options(model),
         health_check_period_s=10,
         health_check_timeout_s=30,
@@ -164,7 +226,16 @@ def build_model_app(spec: ClusterSpec, model: ModelSpec, port: int):
         graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S + 10,
         **scaling_options(model),
     )
-    return deployment.bind(model.model_dump_json(), spec.serve.http.host, port, spec.serve.api_key_env)
+    args = (model.model_dump_json(), spec.serve.http.host, port, spec.serve.api_key_env)
+    engine = deployment.bind(*args)
+    if model.autoscaling is None or model.autoscaling.min_replicas > 0:
+        return engine
+    from hbmserve.deployments.gate import ModelGate
+
+    gate = serve.deployment(ModelGate, name=f"gate-{name.removeprefix('engine-')}", num_replicas=1,
+                            ray_actor_options={"num_cpus": 0},
+                            graceful_shutdown_timeout_s=model.autoscaling.scale_from_zero_wait_s + 10)
+    return gate.bind(*args, engine, name, _budget(model).max_in_flight)
 
 
 def model_ports(spec: ClusterSpec) -> dict[str, int]:

@@ -190,9 +190,9 @@ class SimHttpServer:
         self.counters = LoadCounters()
         self.engine = None
         self.url: str | None = None
-        self._listener = AsgiListener()
+        self.listener = AsgiListener()
 
-    async def start(self) -> str:
+    async def start(self, listen: bool = True) -> str:
         from hbmserve.capacity.hardware import load_catalog
         from hbmserve.capacity.scenario import scenario_for
         from hbmserve.capacity.sim_engine import SimEngine
@@ -206,16 +206,18 @@ class SimHttpServer:
         app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len)
         try:
             asgi = IngressMiddleware(app, self.budget, self.api_keys, self.counters)
-            self.url = await self._listener.serve(asgi, self.host, self.port)
+            self.url = (await self.listener.serve(asgi, self.host, self.port) if listen
+                        else self.listener.prepare(asgi, self.host, self.port))
         except BaseException:
             await self.engine.shutdown()
             raise
-        log.info("serving simulated %s (%s on %s, %gx) on %s", self.model.name, self.model.sim.model_config_name,
-                 self.model.sim.gpu, self.model.sim.speedup, self.url)
+        log.info("%s simulated %s (%s on %s, %gx) on %s", "serving" if listen else "standby for",
+                 self.model.name, self.model.sim.model_config_name, self.model.sim.gpu, self.model.sim.speedup,
+                 self.url)
         return self.url
 
     async def stop(self) -> None:
-        await self._listener.stop()
+        await self.listener.stop()
         if self.engine is not None:
             await self.engine.shutdown()
 
@@ -226,4 +228,4 @@ class SimHttpServer:
         return EngineLoad(waiting=s.waiting, running=s.running, kv_usage=s.kv_usage)
 
     def healthy(self) -> bool:
-        return self._listener.serving and self.engine is not None and self.engine.stats().ready
+        return self.listener.ready and self.engine is not None and self.engine.stats().ready

@@ -30,7 +30,7 @@ class VLLMHttpServer:
         self.engine_client = None
         self.url: str | None = None
         self._stack = AsyncExitStack()
-        self._listener = AsgiListener()
+        self.listener = AsgiListener()
 
     def _parse_args(self):
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -39,7 +39,7 @@ class VLLMHttpServer:
         parser = make_arg_parser(FlexibleArgumentParser(description="hbmserve replica"))
         return parser.parse_args(list(self.launch.cli_args))
 
-    async def start(self) -> str:
+    async def start(self, listen: bool = True) -> str:
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
         from vllm.entrypoints.launchers.app import build_app
@@ -55,15 +55,16 @@ class VLLMHttpServer:
             # loading replica that listened would take its share of connections and hold them
             # for the whole load.
             asgi = IngressMiddleware(app, self.budget, self.api_keys, self.counters)
-            self.url = await self._listener.serve(asgi, args.host, args.port)
+            self.url = (await self.listener.serve(asgi, args.host, args.port) if listen
+                        else self.listener.prepare(asgi, args.host, args.port))
         except BaseException:
             await self._stack.aclose()
             raise
-        log.info("serving %s on %s", args.served_model_name, self.url)
+        log.info("%s %s on %s", "serving" if listen else "standby for", args.served_model_name, self.url)
         return self.url
 
     async def stop(self) -> None:
-        await self._listener.stop()
+        await self.listener.stop()
         await self._stack.aclose()
 
     def engine_stats(self) -> EngineLoad:
@@ -80,5 +81,5 @@ class VLLMHttpServer:
                           kv_usage=wanted["vllm:kv_cache_usage_perc"])
 
     def healthy(self) -> bool:
-        return self._listener.serving and not getattr(self.engine_client, "errored", False)
+        return self.listener.ready and not getattr(self.engine_client, "errored", False)
 

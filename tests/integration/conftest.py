@@ -42,11 +42,15 @@ def local_head(config: Path, port: int, extra_env: dict[str, str] | None = None)
         run_cli("down", timeout=180, env=env)
 
 
-def model_status() -> dict:
-    """The one model's entry of `hbmserve status --json`."""
+def model_status(name: str | None = None) -> dict:
+    """A model's entry of `hbmserve status --json`: the only one, or the one named."""
     r = run_cli("status", "--json", timeout=120)
     assert r.returncode == 0, r.stderr
-    (model,) = json.loads(r.stdout.strip().splitlines()[-1])["models"]
+    models = json.loads(r.stdout.strip().splitlines()[-1])["models"]
+    if name is not None:
+        (model,) = [m for m in models if m["name"] == name]
+        return model
+    (model,) = models
     return model
 
 
@@ -69,7 +73,7 @@ def head():
 
 @pytest.fixture(scope="session")
 def status():
-    """`status()` -> the one model's `hbmserve status --json` entry."""
+    """`status(name=None)` -> a model's `hbmserve status --json` entry (see model_status)."""
     return model_status
 
 

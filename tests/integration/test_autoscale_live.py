@@ -1,9 +1,10 @@
 """The hbmserve autoscaling policy live in Ray Serve, on simulated-engine replicas.
 
-A burst builds a queue, the policy scales up, every request completes; then a trickle of long
-streamed requests runs while idle capacity is scaled back down, and none of them is dropped:
-replicas being removed drain (stop accepting, finish in-flight) before they go. The decisions
-and their reasons are read back through `hbmserve status --json`.
+One hot standby is kept (engine loaded, port not bound). A burst builds a queue; the policy
+promotes the standby first (the fastest tier) and starts more replicas; every request
+completes. Then a trickle of long streamed requests runs while idle capacity is scaled back
+down, and none of them is dropped: replicas being removed or demoted drain (stop accepting,
+finish in-flight). The decisions and their reasons are read back through `hbmserve status --json`.
 
 Owns the local head for the module (see test_sim_serving.py on ordering): `down` before and after.
 """
@@ -48,6 +49,7 @@ models:
       upscale_delay_s: 1
       downscale_delay_s: 8
       downscale_cooldown_s: 5
+      hot_standby: {{min: 1, max: 1}}
 """
     )
     # Serve's default replica metrics push is every 10 s; 1 s keeps the test short.
@@ -82,24 +84,38 @@ def _wait_for(status, predicate, timeout_s: float) -> dict:
         time.sleep(2)
 
 
+def _roles(model: dict) -> list[str]:
+    return sorted(r["role"] for r in model["replica_stats"])
+
+
+def _settled(model: dict) -> bool:
+    """One active replica serving and one hot standby loaded, as configured at rest."""
+    return model["replicas"] == {"RUNNING": 2} and _roles(model) == ["active", "standby"]
+
+
 def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, status):
     url = autoscaled
-    assert status()["replicas"] == {"RUNNING": 1}
+    start = _wait_for(status, _settled, timeout_s=60)
+    assert _settled(start), start
+    (standby,) = [r["replica"] for r in start["replica_stats"] if r["role"] == "standby"]
+    assert start["autoscale"]["standby_replicas"] and start["autoscale"]["target_standby"]["hot"] == 1
 
     # Burst: 12 clients x 6 sequential requests against max_num_seqs=4 builds a queue of ~8, and
     # lasts long enough (~50 s on one replica) for added replicas to take part.
     with ThreadPoolExecutor(12) as pool:
         burst = [pool.submit(_stream_one, url) for _ in range(72)]
-        scaled = _wait_for(status, lambda m: m["replicas"].get("RUNNING", 0) >= 2, timeout_s=120)
+        scaled = _wait_for(status, lambda m: _roles(m).count("active") >= 2, timeout_s=120)
         results = [f.result(timeout=300) for f in burst]
     assert results == [MAX_TOKENS] * 72  # every accepted request finished, in full
-    assert scaled["replicas"].get("RUNNING", 0) >= 2, scaled
+    assert _roles(scaled).count("active") >= 2, scaled
     decision = scaled["autoscale"]
     assert decision is not None and decision["serve_target"] >= 2
     assert decision["reason"]  # the human-readable why
     after = status()
-    served_by = [r for r in after["replica_stats"] if r["accepted"] > 0]
+    served_by = {r["replica"]: r["accepted"] for r in after["replica_stats"] if r["accepted"] > 0}
     assert len(served_by) >= 2, after["replica_stats"]  # the added capacity really served
+    # The hot standby was the first tier used: it was promoted and served part of the burst.
+    assert served_by.get(standby, 0) > 0, (standby, after["replica_stats"])
 
     # Idle, apart from one long streamed request at a time: capacity must come back down, and
     # every request that was in flight on a removed replica must still finish.
@@ -118,11 +134,11 @@ def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, stat
     t = threading.Thread(target=trickle_loop)
     t.start()
     try:
-        down = _wait_for(status, lambda m: m["replicas"] == {"RUNNING": 1}, timeout_s=150)
+        down = _wait_for(status, _settled, timeout_s=150)
     finally:
         stop.set()
         t.join(timeout=150)
-    assert down["replicas"] == {"RUNNING": 1}, (down["replicas"], down["autoscale"])
-    assert down["autoscale"]["serve_target"] == 1
+    assert _settled(down), (down["replicas"], down["replica_stats"], down["autoscale"])
+    assert down["autoscale"]["target_active"] == 1 and down["autoscale"]["serve_target"] == 2
     assert not errors, errors
     assert trickle and all(n == MAX_TOKENS for n in trickle)

@@ -40,11 +40,11 @@ def context(*, config=None, policy_state=None, current=2, target=4, queued=2.4, 
         sa.STAT_WAITING: {r1: series((now - 3, 1.0), (now - 1, 6.0)), r2: series((now - 1, 0.0))},
         sa.STAT_RUNNING: {r1: series((now - 1, 8.0)), r2: series((now - 1, 0.0))},
         sa.STAT_KV_USAGE: {r1: series((now - 1, 0.75)), r2: series((now - 1, 0.0))},
-        sa.STAT_STANDBY: {r1: series((now - 1, 0.0)), r2: series((now - 1, 1.0))},
         sa.STAT_ARRIVAL_RPS: {r1: series((now - 1, 3.5)), r2: series((now - 1, 0.0))},
-        sa.STAT_PENDING: {r1: series((now - 1, 2.0)), r2: series((now - 1, 0.0))},
         # one point older than the 30 s look-back, two inside
-        sa.STAT_TTFT_P95_S: {r1: series((now - 45, 9.0), (now - 20, 1.5), (now - 1, 2.5))},
+        sa.STAT_TTFT_P95_S: {r1: series((now - 45, 9.0), (now - 20, 1.5), (now - 1, 2.5)),
+                             r2: series((now - 2, 7.0))},
+        sa.STAT_TPOT_P95_S: {r1: series((now - 40, 0.5), (now - 2, 0.04))},
     }
     # Only the running-requests key is aggregated by Serve itself for r1; raw wins when present.
     aggregated = {sa.STAT_WAITING: {r1: 3.0, r2: 0.0}}
@@ -59,30 +59,50 @@ def context(*, config=None, policy_state=None, current=2, target=4, queued=2.4, 
 
 
 def test_snapshot_from_a_real_context():
-    s = sa.snapshot_from_context(context(), look_back_s=30.0)
+    s = sa.snapshot_from_context(context(), look_back_s=30.0, active={"r1"}, held_at_ingress=2)
     assert s.now == NOW
     by_id = {r.replica_id: r for r in s.replicas}
     assert by_id["r1"].state is ReplicaState.ACTIVE
     assert (by_id["r1"].waiting, by_id["r1"].running, by_id["r1"].kv_usage) == (6, 8, 0.75)
-    assert by_id["r2"].state is ReplicaState.STANDBY
+    assert by_id["r2"].state is ReplicaState.STANDBY  # running, but not assigned traffic
     assert s.count(ReplicaState.STARTING) == 4 - 2  # Serve targets 4, runs 2
-    assert s.ttft_samples_s == (1.5, 2.5)  # the 45 s old point is outside the window
+    # The 40-45 s old points are outside the window; the standby's samples do not count.
+    assert s.ttft_samples_s == (1.5, 2.5)
+    assert s.tpot_samples_s == (0.04,)
     assert s.arrival_rate_rps == 3.5  # standbys take no traffic
-    # Requests held at hbmserve's ingress count; Serve's handle queue (2.4 here: control-plane
+    # Requests held at the model's gate count; Serve's handle queue (2.4 here: control-plane
     # calls such as status probes, since user traffic never uses handles) does not.
     assert s.pending_at_ingress == 2
+
+
+def test_without_role_assignment_every_running_replica_is_active():
+    s = sa.snapshot_from_context(context(), look_back_s=30.0)
+    assert s.count(ReplicaState.ACTIVE) == 2 and s.count(ReplicaState.STANDBY) == 0
+    assert sorted(s.ttft_samples_s) == [1.5, 2.5, 7.0]
 
 
 def test_stats_helper_reports_numbers_only():
     stats = sa.autoscaling_stats(waiting=3, running=5, kv_usage=0.5,
                                  ttft_samples_s=[0.1 * i for i in range(1, 21)],
-                                 arrival_rps=2.0, standby=False)
+                                 tpot_samples_s=[0.01, 0.03], arrival_rps=2.0)
     assert all(isinstance(v, float) for v in stats.values())
     assert stats[sa.STAT_TTFT_P95_S] == pytest.approx(1.9)  # 19th of 20 by nearest rank
-    assert stats[sa.STAT_STANDBY] == 0.0
+    assert stats[sa.STAT_TPOT_P95_S] == pytest.approx(0.03)
     none = sa.autoscaling_stats(waiting=0, running=0, kv_usage=0.0, ttft_samples_s=[],
-                                arrival_rps=0.0, standby=True)
-    assert sa.STAT_TTFT_P95_S not in none and none[sa.STAT_STANDBY] == 1.0
+                                tpot_samples_s=[], arrival_rps=0.0)
+    assert sa.STAT_TTFT_P95_S not in none and sa.STAT_TPOT_P95_S not in none
+
+
+def test_roles_travel_in_policy_state_and_the_decision_record():
+    # Scale-up wanted with a standby available: the standby is promoted in the same decision.
+    cfg = AutoscaleConfig(upscale_delay_s=0.0, hot_standby_max=0)
+    prior = {sa.ROLES_KEY: {"order": ["r1", "r2"], "active": ["r1"]}}
+    _, state = sa.decide_from_context(context(policy_state=prior, target=2), cfg, held_at_ingress=0)
+    record = state[sa.DECISION_KEY]
+    assert record["target_active"] >= 2
+    assert record["active_replicas"] == ["r1", "r2"] and record["standby_replicas"] == []
+    assert "promote 1 standby" in record["reason"]
+    assert state[sa.ROLES_KEY] == {"order": ["r1", "r2"], "active": ["r1", "r2"]}
 
 
 def test_decide_from_context_matches_decide_on_the_snapshot():
@@ -91,7 +111,7 @@ def test_decide_from_context_matches_decide_on_the_snapshot():
     target, state = sa.decide_from_context(ctx, cfg)
     expected, _ = decide(sa.snapshot_from_context(ctx, cfg.look_back_s), cfg, PolicyState())
     assert target == expected.target_active + expected.target_standby[Tier.HOT]
-    assert state[sa.DECISION_KEY]["reason"] == expected.reason
+    assert state[sa.DECISION_KEY]["reason"].startswith(expected.reason)
     json.dumps(state)  # Serve keeps it between calls; it must stay plain data
 
 
@@ -99,11 +119,13 @@ def test_policy_state_carries_the_hysteresis_between_calls():
     cfg = AutoscaleConfig(rate_upscale_delay_s=30.0)
     # 3.5 rps on 1 active + 2 starting replicas: only the rate forecast asks for more, so
     # the wish must persist 30 s, and only policy_state remembers when it began.
-    _, state = sa.decide_from_context(context(), cfg)
+    # r2 is a standby (roles from an earlier decision).
+    roles_only = {sa.ROLES_KEY: {"order": ["r1", "r2"], "active": ["r1"]}}
+    _, state = sa.decide_from_context(context(policy_state=roles_only), cfg)
     assert state[sa.DECISION_KEY]["target_active"] == 3
     _, later = sa.decide_from_context(context(policy_state=state, now=NOW + 30), cfg)
     assert later[sa.DECISION_KEY]["target_active"] == math.ceil(3.5 / 0.8)
-    _, amnesiac = sa.decide_from_context(context(now=NOW + 30), cfg)
+    _, amnesiac = sa.decide_from_context(context(policy_state=roles_only, now=NOW + 30), cfg)
     assert amnesiac[sa.DECISION_KEY]["target_active"] == 3
 
 

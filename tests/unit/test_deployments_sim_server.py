@@ -354,6 +354,61 @@ def test_server_waits_out_startup_then_serves_behind_the_ingress_middleware():
     assert (counters.accepted, counters.in_flight, len(counters.first_byte_s)) == (1, 0, 1)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_standby_server_listens_only_when_resumed_and_pause_lets_streams_finish():
+    speedup, port = 1.0, _free_port()  # real-time pace: ~9 ms per token, well above timer noise
+
+    async def stream(c: httpx.AsyncClient) -> tuple[int, bytes]:
+        async with c.stream("POST", "/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 80,
+                                                              "stream": True}) as r:
+            return r.status_code, b"".join([chunk async for chunk in r.aiter_bytes()])
+
+    async def go():
+        server = SimHttpServer(spec(speedup), "127.0.0.1", port, AdmissionBudget(8), frozenset())
+        url = await server.start(listen=False)  # a hot standby: engine up, port not bound
+        try:
+            standby = (server.healthy(), server.listener.serving, server.listener.private_url)
+            async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+                with pytest.raises(httpx.ConnectError):
+                    await c.get("/v1/models")
+                await server.listener.resume()  # promoted
+                promoted = (server.healthy(), (await c.get("/v1/models")).status_code)
+                private = server.listener.private_url
+                async with httpx.AsyncClient(base_url=private, timeout=10) as p:
+                    direct = (await p.get("/v1/models")).status_code
+                in_flight = asyncio.create_task(stream(c))
+                await asyncio.sleep(0.2)
+                server.listener.pause()  # demoted while a stream is running
+                await asyncio.sleep(0.3)  # uvicorn closes its sockets on its next tick (0.1 s)
+                async with httpx.AsyncClient(base_url=url, timeout=10) as fresh:
+                    with pytest.raises(httpx.ConnectError):
+                        await fresh.get("/v1/models")
+                status, body = await in_flight
+            return standby, promoted, direct, status, body, server.healthy(), server.counters
+        finally:
+            await server.stop()
+
+    standby, promoted, direct, status, body, healthy_paused, counters = run(go())
+    assert standby == (True, False, None)  # healthy for Serve, but out of rotation
+    assert promoted == (True, 200) and direct == 200
+    assert status == 200 and body.rstrip().endswith(b"data: [DONE]") and body.count(b'"text"') == 80
+    assert healthy_paused
+    # One streamed reply of 80 tokens gives one time-per-output-token sample: the simulated
+    # decode pace (cost model step time for one sequence, sped up), within timer noise.
+    (tpot,) = counters.tpot_samples(counters.finished[-1])
+    cost = cost_model(scenario_for(spec(speedup), load_catalog()).deployment)
+    prompt = estimate_tokens("hi")
+    pace = sum(float(cost.step_time(1, prompt + 1 + j)) for j in range(79)) / speedup / 79
+    assert 0.7 * pace <= tpot <= 2.0 * pace, (tpot, pace)
+
+
 # ---- registration in the Serve app ----
 
 def test_sim_engine_is_registered_without_cpu_or_gpu_reservation():
