@@ -14,7 +14,9 @@ How a decision is made, each term in the reason string:
   start-up time is the forecast horizon. A rising trend therefore orders replicas early, and
   more so when only slow tiers are left.
 * Queue need. Waiting requests per active replica above `target_queue_per_replica` ask for
-  enough extra replicas to absorb the excess (signals.queue_need).
+  enough extra replicas to absorb the excess (signals.queue_need): what is left when help
+  could arrive must drain within max(TTFT target, that help's start-up), at most
+  `backlog_drain_s`.
 * TTFT need. p95 TTFT above target asks for active·p95/target replicas (at most
   `max_ttft_growth`× per step). TTFT samples describe the past, so after a scale-up the signal
   is ignored until the new replicas can have served a full look-back window.
@@ -84,7 +86,8 @@ class AutoscaleConfig:
     downscale_cooldown_s: float = 60.0  # no scale-down this soon after a scale-up
     # Window the driver uses for ttft_samples_s and arrival_rate_rps.
     look_back_s: float = 30.0
-    # A queue left when new replicas could arrive must be gone this much later (signals.queue_need).
+    # A queue left when new replicas could arrive must be gone at most this much later
+    # (signals.queue_need; sooner when help is fast, see decide).
     backlog_drain_s: float = 120.0
     rate_smoothing_s: float = 5.0  # fast average of the rate
     trend_window_s: float = 120.0  # slow average; the trend is their gap (signals.RateTrend)
@@ -275,12 +278,16 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
             and not echo:
         n_tpot = min(math.ceil(base * p_tpot / tpot_target),
                      math.ceil(base * config.max_ttft_growth))
+    # A backlog left when help arrives must be gone within one more start-up of that help: fast
+    # help (a hot standby) is no excuse for a slow drain, and a queued request waits for the
+    # whole drain, so never longer than backlog_drain_s nor asked faster than the TTFT target.
+    drain_s = min(config.backlog_drain_s, max(config.ttft_p95_target_s, startup[tier_for(1)]))
     needs = {
         "rate": 0 if idle else rate_need(trend, current, capacity * config.target_utilization,
                                          tier_for, startup, config.max_replicas),
         "queue": queue_need(load, config.target_queue_per_replica,
                             arrival_rps=snapshot.arrival_rate_rps, replica_rps=capacity,
-                            horizon_s=startup[tier_for(1)], drain_s=config.backlog_drain_s),
+                            horizon_s=startup[tier_for(1)], drain_s=drain_s),
         "ttft": n_ttft,
         "tpot": n_tpot,
         "ingress": 1 if load.pending > 0 else 0,

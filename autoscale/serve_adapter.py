@@ -46,6 +46,11 @@ POLICY_STATE_KEY = "hbmserve"
 ROLES_KEY = "hbmserve_roles"
 DECISION_KEY = "hbmserve_decision"
 POLICY_PATH = "hbmserve.autoscale.serve_adapter:HbmServeAutoscalingPolicy"
+# How often each replica pushes its stats to the controller. Ray 2.60 takes this from the
+# (deprecated) AutoscalingConfig.metrics_interval_s, default 10 s, which left the policy up to
+# 10 s behind a burst; the RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S variable its
+# deprecation warning names is not read yet.
+REPLICA_STATS_PUSH_S = 1.0
 
 
 def autoscaling_stats(*, waiting: int, running: int, kv_usage: float,
@@ -193,6 +198,7 @@ def serve_autoscaling_config(config: AutoscaleConfig) -> dict[str, Any]:
         # never exceeds it.
         "max_replicas": config.max_replicas,
         "look_back_period_s": config.look_back_s,
+        "metrics_interval_s": min(REPLICA_STATS_PUSH_S, config.look_back_s / 2),
         "upscale_delay_s": 0.0,
         "downscale_delay_s": 0.0,
         "downscale_to_zero_delay_s": 0.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 
 import typer
 
@@ -30,4 +31,9 @@ def build_app() -> typer.Typer:
 
 
 def main() -> None:
+    # Every command connects to a named cluster or none. Without this, a Ray call made after
+    # disconnecting (e.g. by a Serve handle's background thread) would silently start a private
+    # local cluster, and Ray 2.60 would write ~/.ray/auth_token, which turns token auth on for
+    # every later `ray start` on the machine. Read by Ray when it is first imported.
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     build_app()()

@@ -9,9 +9,10 @@ scaled down to keep the run short). Two configs, side by side, `--rounds` times 
   with the stock policy has).
 
 Each round: a fresh local head, the config deployed, then a burst of `--clients` concurrent
-streamed requests, each client sending `--per-client` requests in a row. Measured: seconds from
-the burst's start until a second replica is assigned traffic (read from the policy's published
-decision, polled every 0.1 s), and TTFT p50/p95/max over the burst. Medians over rounds.
+streamed requests, each client sending `--per-client` requests in a row. Measured from the
+burst's start, reading the policy's published decision every 0.1 s: when it first asks for a
+second active replica, and when a second replica is assigned traffic; and TTFT p50/p95/max over
+the burst. Medians over rounds ("never": not within the burst).
 
     .venv/bin/python -m hbmserve.ops.bench.live_standby --rounds 3 --out out/live_standby.json
 """
@@ -22,6 +23,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -61,9 +64,11 @@ models:
 """
 
 
-def _ttft(url: str, max_tokens: int) -> float:
+def _ttft(url: str, max_tokens: int, burst_t0: float | None = None) -> float:
     body = {"model": MODEL, "prompt": "burst", "max_tokens": max_tokens, "stream": True}
     t0 = time.monotonic()
+    if burst_t0 is not None and os.environ.get("HBMSERVE_BENCH_TRACE"):
+        print(f"  request sent at {t0 - burst_t0:.2f}s", file=sys.stderr, flush=True)
     with httpx.Client(timeout=300) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
         r.raise_for_status()
         first = None
@@ -78,9 +83,13 @@ def _watch_second_active(app: str, dep: str, t0: float, stop: threading.Event, o
 
     while not stop.is_set():
         d = latest_decision(app, dep) or {}
+        if os.environ.get("HBMSERVE_BENCH_TRACE"):
+            print(f"{time.monotonic() - t0:6.1f}s {d.get('reason', '')[:400]}", file=sys.stderr, flush=True)
+        if d.get("target_active", 0) >= 2 and "scale_up_s" not in out:
+            out["scale_up_s"] = time.monotonic() - t0
+            out["reason"] = d.get("reason", "")
         if len(d.get("active_replicas", ())) >= 2 and "second_active_s" not in out:
             out["second_active_s"] = time.monotonic() - t0
-            out["reason"] = d.get("reason", "")
         time.sleep(0.1)
 
 
@@ -101,11 +110,12 @@ def one_round(config_path: str, clients: int, per_client: int, max_tokens: int) 
         watcher = threading.Thread(target=_watch_second_active, args=(MODEL, dep, t0, stop, out))
         watcher.start()
         with ThreadPoolExecutor(clients) as pool:
-            ttfts = list(pool.map(lambda _: _ttft(url, max_tokens), range(clients * per_client)))
+            ttfts = list(pool.map(lambda _: _ttft(url, max_tokens, t0), range(clients * per_client)))
         stop.set()
         watcher.join()
         ttfts.sort()
-        return {"second_active_s": out.get("second_active_s"), "reason": out.get("reason", ""),
+        return {"scale_up_s": out.get("scale_up_s"), "second_active_s": out.get("second_active_s"),
+                "reason": out.get("reason", ""),
                 "ttft_p50_s": statistics.median(ttfts), "ttft_p95_s": ttfts[int(0.95 * (len(ttfts) - 1))],
                 "ttft_max_s": ttfts[-1], "burst_s": time.monotonic() - t0, "requests": len(ttfts)}
     finally:
@@ -118,21 +128,34 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--load-s", type=float, default=20.0)
     ap.add_argument("--clients", type=int, default=12)
-    ap.add_argument("--per-client", type=int, default=4)
+    ap.add_argument("--per-client", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=120)
     ap.add_argument("--out", type=Path, default=Path("out/live_standby.json"))
+    ap.add_argument("--one-round", metavar="CONFIG", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    # Serve's default replica metrics push is every 10 s; 1 s, as in the integration tests.
-    os.environ["RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S"] = "1"
+    if args.one_round:  # a child process: Ray connects to one cluster per process
+        print(json.dumps(one_round(args.one_round, args.clients, args.per_client, args.max_tokens)))
+        return
+    # A stray Ray call after disconnecting would auto-start a private local cluster, which
+    # writes ~/.ray/auth_token and turns token auth on for every later `ray start` here.
+    env = os.environ | {"RAY_ENABLE_AUTO_CONNECT": "0"}
     results: dict[str, list[dict]] = {"standby": [], "no-standby": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for name, standby in (("standby", 1), ("no-standby", 0)):  # interleaved: same noise
                 cfg = Path(tmp) / f"{name}.yaml"
                 cfg.write_text(_config(args.load_s, standby))
-                res = one_round(str(cfg), args.clients, args.per_client, args.max_tokens)
+                child = subprocess.run(
+                    [sys.executable, "-m", "hbmserve.ops.bench.live_standby", "--one-round", str(cfg),
+                     "--clients", str(args.clients), "--per-client", str(args.per_client),
+                     "--max-tokens", str(args.max_tokens)],
+                    env=env, capture_output=True, text=True, timeout=900)
+                if child.returncode != 0:
+                    raise SystemExit(f"round {r + 1} {name} failed:\n{child.stderr[-3000:]}")
+                res = json.loads(child.stdout.strip().splitlines()[-1])
                 results[name].append(res)
-                print(f"round {r + 1} {name}: second replica serving after {res['second_active_s']}s, "
+                print(f"round {r + 1} {name}: scale-up decided after {res['scale_up_s']}s, second replica "
+                      f"serving after {res['second_active_s']}s, "
                       f"TTFT p50 {res['ttft_p50_s']:.2f}s p95 {res['ttft_p95_s']:.2f}s max {res['ttft_max_s']:.2f}s",
                       flush=True)
     summary = {}
@@ -140,11 +163,17 @@ def main() -> None:
         def med(key: str):
             vals = [x[key] for x in rounds if x[key] is not None]
             return statistics.median(vals) if vals else None
-        summary[name] = {k: med(k) for k in ("second_active_s", "ttft_p50_s", "ttft_p95_s", "ttft_max_s")}
-    print(f"\n| config | second replica serving (s) | TTFT p50 s | TTFT p95 s | TTFT max s |\n|---|---|---|---|---|")
+        summary[name] = {k: med(k) for k in ("scale_up_s", "second_active_s", "ttft_p50_s", "ttft_p95_s",
+                                             "ttft_max_s")}
+
+    def fmt(v, digits):
+        return "never" if v is None else f"{v:.{digits}f}"
+
+    print("\n| config | scale-up decided (s) | second replica serving (s) | TTFT p50 s | TTFT p95 s | TTFT max s |"
+          "\n|---|---|---|---|---|---|")
     for name, s in summary.items():
-        print(f"| {name} | {s['second_active_s']:.1f} | {s['ttft_p50_s']:.2f} | {s['ttft_p95_s']:.2f} | "
-              f"{s['ttft_max_s']:.2f} |")
+        print(f"| {name} | {fmt(s['scale_up_s'], 1)} | {fmt(s['second_active_s'], 1)} | {fmt(s['ttft_p50_s'], 2)} | "
+              f"{fmt(s['ttft_p95_s'], 2)} | {fmt(s['ttft_max_s'], 2)} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "rounds": results,
                                     "medians": summary}, indent=2))

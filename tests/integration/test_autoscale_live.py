@@ -52,8 +52,7 @@ models:
       hot_standby: {{min: 1, max: 1}}
 """
     )
-    # Serve's default replica metrics push is every 10 s; 1 s keeps the test short.
-    with head(cfg, PORT, {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}) as running:
+    with head(cfg, PORT) as running:
         yield running["url"]
 
 

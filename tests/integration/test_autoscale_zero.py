@@ -50,7 +50,7 @@ def zero(head, tmp_path_factory):
     cfg = tmp_path_factory.mktemp("zero-config") / "cluster.yaml"
     cfg.write_text(f"name: hbmserve-zero-test\nserve: {{http: {{host: 127.0.0.1, port: {PORT}}}}}\nmodels:"
                    + _model(SLEEPY, LOAD_S, 60) + _model(GLACIAL, 60, 2))
-    with head(cfg, PORT, {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}) as running:
+    with head(cfg, PORT) as running:
         yield running["url"]
 
 

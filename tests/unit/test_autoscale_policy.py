@@ -280,3 +280,16 @@ def test_decisions_stay_in_bounds_and_downscales_respect_the_delay(min_r, extra,
         if last is None or d.target_active != last:
             last_change_at = now if last is not None else None
         last = d.target_active
+
+
+def test_a_backlog_is_worth_a_hot_standby_that_a_cold_start_would_not_fix():
+    # 1 active at 1 rps, 10 queued against a target of 2, 0.4 rps arriving. With a hot standby
+    # (5 s away) the excess left then, 8 + (0.4 - 1) x 5 = 5, must drain within
+    # max(TTFT target 2 s, 5 s) = 5 s: ceil(0.4 + 5 / 5) = 2 replicas, i.e. promote it.
+    cfg = AutoscaleConfig(upscale_delay_s=0.0, rate_upscale_delay_s=0.0, target_queue_per_replica=2)
+    d, _ = decide(snap(0.0, active=1, running=4, waiting=10, rate=0.4, standby=1), cfg, PolicyState())
+    assert d.target_active == math.ceil(0.4 + (8 + (0.4 - 1.0) * 5.0) / 5.0) == 2
+    assert "1 hot" in d.reason
+    # Only a cold start (180 s) away, the same backlog is gone long before help could come.
+    d, _ = decide(snap(0.0, active=1, running=4, waiting=10, rate=0.4), cfg, PolicyState())
+    assert d.target_active == 1
