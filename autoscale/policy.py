@@ -47,11 +47,11 @@ How a decision is made, each term in the reason string:
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
-from hbmserve.autoscale.signals import Load, RateTrend, load_of, p95, queue_need, update_trend
+from hbmserve.autoscale.signals import (Load, RateTrend, latency_need, load_of, p95, queue_need,
+                                       update_trend)
 from hbmserve.autoscale.types import ReplicaState, ScaleDecision, Snapshot, Tier
 from hbmserve.autoscale.warm_pool import PoolEconomics, PoolSizing, size_pool
 
@@ -254,30 +254,23 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
     capacity = config.replica_capacity_rps
     idle = load.in_flight == 0 and snapshot.arrival_rate_rps <= 0.0
 
-    p = p95(snapshot.ttft_samples_s) if len(snapshot.ttft_samples_s) >= config.min_ttft_samples \
-        else None
     blind = state.ttft_blind_until is not None and now < state.ttft_blind_until
-    n_ttft = 0
-    # A TTFT over target while requests queue past the target is the queue's wait showing up
+    # A latency over target while requests queue past the target is the queue's wait showing up
     # late; queue_need already sizes that backlog (with what drains before help arrives), and
     # scaling on its echo as well ordered 2x the fleet after every burst had passed.
     # The samples cover look_back_s, so the echo outlasts the queue by that long.
     queued_over = load.waiting + load.pending > config.target_queue_per_replica * load.active
     queue_over_at = now if queued_over else state.queue_over_at
     echo = queue_over_at is not None and now - queue_over_at < config.look_back_s
-    base = max(load.active, 1)
-    if p is not None and p > config.ttft_p95_target_s and not blind and not echo:
-        n_ttft = min(math.ceil(base * p / config.ttft_p95_target_s),
-                     math.ceil(base * config.max_ttft_growth))
+    muted = blind or echo
     tpot_target = config.tpot_p95_target_s
+    p = p95(snapshot.ttft_samples_s) if len(snapshot.ttft_samples_s) >= config.min_ttft_samples \
+        else None
     p_tpot = p95(snapshot.tpot_samples_s) if (
         tpot_target is not None and len(snapshot.tpot_samples_s) >= config.min_ttft_samples) \
         else None
-    n_tpot = 0
-    if p_tpot is not None and tpot_target is not None and p_tpot > tpot_target and not blind \
-            and not echo:
-        n_tpot = min(math.ceil(base * p_tpot / tpot_target),
-                     math.ceil(base * config.max_ttft_growth))
+    n_ttft = latency_need(p, config.ttft_p95_target_s, load.active, config.max_ttft_growth, muted)
+    n_tpot = latency_need(p_tpot, tpot_target, load.active, config.max_ttft_growth, muted)
     # A backlog left when help arrives must be gone within one more start-up of that help: fast
     # help (a hot standby) is no excuse for a slow drain, and a queued request waits for the
     # whole drain, so never longer than backlog_drain_s nor asked faster than the TTFT target.

@@ -82,6 +82,17 @@ def queue_need(load: Load, target_queue_per_replica: float, *, arrival_rps: floa
     return math.ceil((arrival_rps + left_at_ready / drain_s) / replica_rps)
 
 
+def latency_need(p95_s: float | None, target_s: float | None, active: int, max_growth: float,
+                 muted: bool) -> int:
+    """Replicas that bring a p95 latency (TTFT or TPOT) back to target; 0 when it is on target,
+    unknown, or `muted` (samples from before a scale-up, or a queue's echo). Both latencies are
+    taken to scale with the load per replica, so active·p95/target, at most `max_growth`x."""
+    if p95_s is None or target_s is None or muted or p95_s <= target_s:
+        return 0
+    base = max(active, 1)
+    return min(math.ceil(base * p95_s / target_s), math.ceil(base * max_growth))
+
+
 @dataclass(frozen=True)
 class RateTrend:
     """The arrival rate seen through two exponential averages, fast and slow.
