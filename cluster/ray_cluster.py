@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -120,7 +121,8 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
             handle = serve.run(app, name=m.name, route_prefix=None)
         except RuntimeError as err:
             raise ClusterError(f"model {m.name} failed to deploy: {err}") from None
-        endpoints[m.name] = handle.info.remote().result(timeout_s=60)["url"]
+        with _closing(handle):
+            endpoints[m.name] = handle.info.remote().result(timeout_s=60)["url"]
         # An autoscaled replica binds the port once the policy makes it active (one control
         # loop tick); the endpoint is returned when it answers.
         _wait_listening(endpoints[m.name], timeout_s=60)
@@ -192,6 +194,16 @@ class ModelStatus:
     gate: dict | None = None
 
 
+@contextlib.contextmanager
+def _closing(handle):
+    """Stop a handle's router when done: its metrics thread outlives `ray.shutdown()` otherwise,
+    and its next push fails (or, with Ray's auto-connect on, starts a private local cluster)."""
+    try:
+        yield handle
+    finally:
+        handle.shutdown()
+
+
 def _probe_replicas(handle, running: int, rounds: int = 5) -> dict[str, dict]:
     """Each running replica's `info()`, keyed by node:pid. A handle routes each call to some
     replica, the less busy of two; calls sent together spread out, so a few rounds find all."""
@@ -226,12 +238,14 @@ def status() -> list[ModelStatus]:
             states = {str(getattr(state, "value", state)): n for state, n in dep.replica_states.items()}
             if dep_name.startswith("gate-"):
                 if states.get("RUNNING", 0):
-                    gate = serve.get_deployment_handle(dep_name, app_name=name).info.remote().result(timeout_s=10)
+                    with _closing(serve.get_deployment_handle(dep_name, app_name=name)) as handle:
+                        gate = handle.info.remote().result(timeout_s=10)
                 continue
             for state, n in states.items():
                 replicas[state] = replicas.get(state, 0) + n
             if states.get("RUNNING", 0):
-                seen |= _probe_replicas(serve.get_deployment_handle(dep_name, app_name=name), states["RUNNING"])
+                with _closing(serve.get_deployment_handle(dep_name, app_name=name)) as handle:
+                    seen |= _probe_replicas(handle, states["RUNNING"])
         stats = tuple(ReplicaStats(key, i["url"], i["accepted"], i["rejected"], i["in_flight"],
                                    i.get("role", "active"), i.get("placement"))
                       for key, i in sorted(seen.items()))
