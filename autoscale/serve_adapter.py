@@ -25,7 +25,9 @@ request -> 1 replica without asking the policy), and a scale-down to 0 only from
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import statistics
 import time
 from dataclasses import asdict
 from typing import Any, Collection, Iterable
@@ -41,6 +43,7 @@ STAT_KV_USAGE = "hbm_kv_usage"
 STAT_TTFT_P95_S = "hbm_ttft_p95_s"  # the replica's p95 TTFT over its own recent window
 STAT_TPOT_P95_S = "hbm_tpot_p95_s"  # p95 of its streamed requests' time per output token
 STAT_ARRIVAL_RPS = "hbm_arrival_rps"  # requests/s the replica received over the window
+STAT_LOAD_S = "hbm_load_s"  # seconds the replica took from its constructor to a loaded engine
 
 POLICY_STATE_KEY = "hbmserve"
 ROLES_KEY = "hbmserve_roles"
@@ -55,13 +58,14 @@ REPLICA_STATS_PUSH_S = 1.0
 
 def autoscaling_stats(*, waiting: int, running: int, kv_usage: float,
                       ttft_samples_s: Iterable[float], tpot_samples_s: Iterable[float],
-                      arrival_rps: float) -> dict[str, float]:
+                      arrival_rps: float, load_s: float) -> dict[str, float]:
     """The body of an engine deployment's `record_autoscaling_stats()`."""
     stats = {
         STAT_WAITING: float(waiting),
         STAT_RUNNING: float(running),
         STAT_KV_USAGE: float(kv_usage),
         STAT_ARRIVAL_RPS: float(arrival_rps),
+        STAT_LOAD_S: float(load_s),
     }
     # No completed request, no latency: the key is simply absent.
     for key, samples in ((STAT_TTFT_P95_S, ttft_samples_s), (STAT_TPOT_P95_S, tpot_samples_s)):
@@ -132,9 +136,25 @@ def serve_target(target_active: int, target_standby: dict[Tier, int]) -> int:
     return target_active + target_standby.get(Tier.HOT, 0)
 
 
+def with_measured_startup(config: AutoscaleConfig, ctx: Any) -> AutoscaleConfig:
+    """The config with its warm start-up replaced by what this deployment's replicas measured.
+
+    A new replica of a running deployment lands on a node that is up, with the weights on its
+    disk after the first load: the warm tier. Each replica reports how long its engine took to
+    load; the median of the running ones is the policy's warm start-up (kept between the hot
+    and cold figures). Without reports, the configured figure stands.
+    """
+    loads = [v for v in (_latest(ctx, STAT_LOAD_S, rid) for rid in ctx.running_replicas) if v is not None]
+    if not loads:
+        return config
+    warm = min(max(statistics.median(loads), config.startup_hot_s), config.startup_cold_s)
+    return dataclasses.replace(config, startup_warm_s=warm)
+
+
 def decide_from_context(ctx: Any, config: AutoscaleConfig,
                         held_at_ingress: int = 0) -> tuple[int, dict[str, Any]]:
     """The whole translation, context in, Serve's answer out; no logging, no I/O."""
+    config = with_measured_startup(config, ctx)
     prior_state = ctx.policy_state or {}
     prior = prior_state.get(POLICY_STATE_KEY)
     state = PolicyState.from_dict(prior) if prior else PolicyState()
@@ -158,6 +178,7 @@ def decide_from_context(ctx: Any, config: AutoscaleConfig,
         "active_replicas": list(assignment.active),
         "standby_replicas": list(assignment.standby),
         "held_at_ingress": held_at_ingress,
+        "startup_s": {t.value: v for t, v in config.startup_s.items()},
         "reason": reason,
     }
     return serve_target(decision.target_active, decision.target_standby), policy_state

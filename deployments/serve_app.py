@@ -69,14 +69,17 @@ class EngineReplica:
         api_keys = frozenset(k for k in keys.split(",") if k)
         self.server = ENGINE_SERVERS[self.model.engine](self.model, host, port, api_keys)
         self._roles: asyncio.Task | None = None
+        started = time.monotonic()
         if self.model.autoscaling is None:
             self.url = await self.server.start()
+            self.load_s = time.monotonic() - started
             return
         from ray import serve
 
         ctx = serve.get_replica_context()
         self._me = (ctx.app_name, ctx.deployment, ctx.replica_id.unique_id)
         self.url = await self.server.start(listen=await asyncio.to_thread(self._assigned_active))
+        self.load_s = time.monotonic() - started  # the warm start-up the policy plans with
         self._roles = asyncio.get_running_loop().create_task(self._follow_roles())
 
     def _assigned_active(self) -> bool:
@@ -112,7 +115,7 @@ class EngineReplica:
         c = self.server.counters
         return autoscaling_stats(waiting=load.waiting, running=load.running, kv_usage=load.kv_usage,
                                  ttft_samples_s=c.ttft_samples(now), tpot_samples_s=c.tpot_samples(now),
-                                 arrival_rps=c.arrival_rate(now))
+                                 arrival_rps=c.arrival_rate(now), load_s=self.load_s)
 
     async def info(self) -> dict:
         import ray

@@ -24,6 +24,7 @@ MODEL = "llama-70b-autoscaled"
 PORT = 18200
 MAX_REPLICAS = 3
 MAX_TOKENS = 120
+LOAD_S = 2.0  # simulated engine load: the warm start-up the replicas measure
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +39,14 @@ models:
     engine: sim
     parallelism: {{tp: 4}}
     engine_settings: {{max_model_len: 4096, max_num_seqs: 4, max_num_batched_tokens: 2048}}
-    sim: {{gpu: h100-sxm, model_config_name: llama-3.1-70b, speedup: 1}}
+    sim: {{gpu: h100-sxm, model_config_name: llama-3.1-70b, speedup: 1, startup_s: {LOAD_S}}}
     slo: {{ttft_p95_ms: 2000, tpot_p95_ms: 100}}
     autoscaling:
       min_replicas: 1
       max_replicas: {MAX_REPLICAS}
       target_queue_per_replica: 2
       replica_capacity_rps: 1.0
-      startup_s: {{hot: 1, warm: 2, cold: 5}}
+      startup_s: {{hot: 1, warm: 4, cold: 8}}
       upscale_delay_s: 1
       downscale_delay_s: 8
       downscale_cooldown_s: 5
@@ -98,6 +99,8 @@ def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, stat
     assert _settled(start), start
     (standby,) = [r["replica"] for r in start["replica_stats"] if r["role"] == "standby"]
     assert start["autoscale"]["standby_replicas"] and start["autoscale"]["target_standby"]["hot"] == 1
+    # The policy plans with the start-up the replicas measured, not the configured 4 s.
+    assert LOAD_S <= start["autoscale"]["startup_s"]["warm"] < LOAD_S + 1.5, start["autoscale"]["startup_s"]
 
     # Burst: 12 clients x 6 sequential requests against max_num_seqs=4 builds a queue of ~8, and
     # lasts long enough (~50 s on one replica) for added replicas to take part.

@@ -84,13 +84,32 @@ def test_without_role_assignment_every_running_replica_is_active():
 def test_stats_helper_reports_numbers_only():
     stats = sa.autoscaling_stats(waiting=3, running=5, kv_usage=0.5,
                                  ttft_samples_s=[0.1 * i for i in range(1, 21)],
-                                 tpot_samples_s=[0.01, 0.03], arrival_rps=2.0)
+                                 tpot_samples_s=[0.01, 0.03], arrival_rps=2.0, load_s=31.5)
     assert all(isinstance(v, float) for v in stats.values())
     assert stats[sa.STAT_TTFT_P95_S] == pytest.approx(1.9)  # 19th of 20 by nearest rank
     assert stats[sa.STAT_TPOT_P95_S] == pytest.approx(0.03)
+    assert stats[sa.STAT_LOAD_S] == 31.5
     none = sa.autoscaling_stats(waiting=0, running=0, kv_usage=0.0, ttft_samples_s=[],
-                                tpot_samples_s=[], arrival_rps=0.0)
+                                tpot_samples_s=[], arrival_rps=0.0, load_s=0.0)
     assert sa.STAT_TTFT_P95_S not in none and sa.STAT_TPOT_P95_S not in none
+
+
+def test_warm_start_up_is_what_the_replicas_measured():
+    cfg = AutoscaleConfig(startup_hot_s=5.0, startup_warm_s=45.0, startup_cold_s=180.0)
+    ctx = context()
+    assert sa.with_measured_startup(cfg, ctx) == cfg  # nothing reported: the config stands
+    r1, r2 = ctx.running_replicas
+    ctx.raw_metrics[sa.STAT_LOAD_S] = {r1: series((NOW - 5, 28.0)), r2: series((NOW - 5, 34.0))}
+    measured = sa.with_measured_startup(cfg, ctx)
+    assert measured.startup_warm_s == 31.0  # median of 28 and 34
+    assert (measured.startup_hot_s, measured.startup_cold_s) == (5.0, 180.0)
+    _, state = sa.decide_from_context(ctx, cfg)
+    assert state[sa.DECISION_KEY]["startup_s"] == {"hot": 5.0, "warm": 31.0, "cold": 180.0}
+    # A load faster than a promotion, or slower than a cold start, is kept inside those bounds.
+    ctx.raw_metrics[sa.STAT_LOAD_S] = {r1: series((NOW - 5, 0.2))}
+    assert sa.with_measured_startup(cfg, ctx).startup_warm_s == 5.0
+    ctx.raw_metrics[sa.STAT_LOAD_S] = {r1: series((NOW - 5, 900.0))}
+    assert sa.with_measured_startup(cfg, ctx).startup_warm_s == 180.0
 
 
 def test_roles_travel_in_policy_state_and_the_decision_record():
