@@ -6,7 +6,7 @@ MODEL_DIR ?= $(HOME)/.cache/hbmserve/tiny-llama
 CONFIG ?=
 PYTEST_ARGS ?=
 
-.PHONY: install model serve test unit down
+.PHONY: install system-deps model serve test unit down
 
 # Re-install whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -20,6 +20,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# A real Prometheus server for the metrics tests (Debian's package; no service is started). Where
+# it cannot be installed (not root, no registry) those tests skip and say why.
+system-deps:
+	@command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+		|| echo "warning: could not install prometheus; its tests will skip"
+
 model: install
 	test -f $(MODEL_DIR)/config.json || $(VENV)/bin/hbmserve model tiny --out $(MODEL_DIR)
 
@@ -32,5 +39,5 @@ down: install
 unit: install
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
-test: install
+test: install system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -257,6 +257,15 @@ def status() -> list[ModelStatus]:
     return out
 
 
+def metrics_targets() -> list[str]:
+    """host:port of every live node's metrics endpoint (Ray's and hbmserve's own metrics, in
+    Prometheus text format): what a Prometheus scrape config lists."""
+    import ray
+
+    return sorted(f"{n['NodeManagerAddress']}:{n['MetricsExportPort']}" for n in ray.nodes()
+                  if n.get("Alive") and n.get("MetricsExportPort"))
+
+
 def undeploy_all() -> None:
     from ray import serve
 

@@ -162,10 +162,12 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
     try:
         address = rc.connect(None)
         models = rc.status()
+        targets = rc.metrics_targets()
     except rc.ClusterError as e:
         raise _fail(str(e)) from None
     if as_json:
-        print(json.dumps({"cluster": address, "models": [dataclasses.asdict(m) for m in models]}))
+        print(json.dumps({"cluster": address, "metrics_targets": targets,
+                          "models": [dataclasses.asdict(m) for m in models]}))
         return
     table = Table(title=f"hbmserve on {address}")
     for col in ("model", "status", "replicas", "endpoints", "accepted per replica"):
@@ -176,6 +178,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
                               for r in m.replica_stats) or "-"
         table.add_row(m.name, m.app_status, reps, "\n".join(m.endpoints) or "-", accepted)
     out.print(table if models else "no models deployed")
+    out.print(f"Prometheus scrape targets: {', '.join(targets) or '-'}", highlight=False)
     for m in models:
         if m.autoscale:
             out.print(f"[bold]{m.name}[/] autoscale -> {m.autoscale['serve_target']} replicas: {m.autoscale['reason']}",

@@ -144,3 +144,29 @@ def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, stat
     assert down["autoscale"]["target_active"] == 1 and down["autoscale"]["serve_target"] == 2
     assert not errors, errors
     assert trickle and all(n == MAX_TOKENS for n in trickle)
+
+
+def test_decisions_reach_a_real_prometheus(autoscaled, cli, status, tmp_path):
+    """Requirement 3's "exported as metrics": the decision gauges, scraped by a real Prometheus
+    from the targets `hbmserve status --json` lists, as the ops dashboard would read them."""
+    from tests.integration.prometheus_server import prometheus_server
+
+    settled = _wait_for(status, _settled, timeout_s=150)
+    assert _settled(settled), settled
+    r = cli("status", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    targets = json.loads(r.stdout.strip().splitlines()[-1])["metrics_targets"]
+    assert targets
+    # Every node of the local head is this machine; Ray reports it by its interface address,
+    # and tests send traffic to loopback only, so scrape the same ports there.
+    targets = [f"127.0.0.1:{t.rsplit(':', 1)[1]}" for t in targets]
+    app = f'{{application="{MODEL}"}}'
+    with prometheus_server(targets, tmp_path) as prom:
+        active = prom.wait_for(f"ray_hbmserve_autoscale_active_replicas{app}", lambda v: v == 1, 90)
+        standby = prom.wait_for(f"ray_hbmserve_autoscale_standby_replicas{app}", lambda v: v == 1, 30)
+        target = prom.wait_for(f"ray_hbmserve_autoscale_target_replicas{app}", lambda v: v == 2, 30)
+        held = prom.query(f"ray_hbmserve_autoscale_held_requests{app}")
+    assert [v for _, v in active] == [1.0], active
+    assert [v for _, v in standby] == [1.0], standby
+    assert [v for _, v in target] == [2.0], target  # Serve runs the active one plus the standby
+    assert [v for _, v in held] == [0.0] and held[0][0]["deployment"] == "engine-" + MODEL, held
