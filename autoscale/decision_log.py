@@ -52,20 +52,22 @@ class DecisionLog:
                 self._gauges[name] = Gauge(name, description, tag_keys=("application", "deployment"))
             self._gauges[name].set(values[field], tags=tags)
 
-    def held_at_ingress(self, app: str | None, deployment: str) -> int:
-        from ray.experimental import internal_kv
-
-        if not internal_kv._internal_kv_initialized():
-            return 0
-        raw = internal_kv._internal_kv_get(_held_key(app, deployment), namespace=KV_NAMESPACE)
-        return int(raw) if raw else 0
-
 
 def publish_held(app: str | None, deployment: str, held: int) -> None:
     """Called by a model's gate whenever the number of requests it holds changes."""
     from ray.experimental import internal_kv
 
     internal_kv._internal_kv_put(_held_key(app, deployment), str(held), overwrite=True, namespace=KV_NAMESPACE)
+
+
+def held_at_ingress(app: str | None, deployment: str) -> int:
+    """Requests the model's gate holds now (0 without a gate, or outside a Ray cluster)."""
+    from ray.experimental import internal_kv
+
+    if not internal_kv._internal_kv_initialized():
+        return 0
+    raw = internal_kv._internal_kv_get(_held_key(app, deployment), namespace=KV_NAMESPACE)
+    return int(raw) if raw else 0
 
 
 def latest_decision(app: str | None, deployment: str) -> dict[str, Any] | None:

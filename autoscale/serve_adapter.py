@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Collection, Iterable
 
+from hbmserve.autoscale.decision_log import DecisionLog, held_at_ingress
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
 from hbmserve.autoscale.roles import age_order, assign_roles, current_active
 from hbmserve.autoscale.signals import p95
@@ -188,15 +189,13 @@ class HbmServeAutoscalingPolicy:
     """What `AutoscalingPolicy(policy_function=POLICY_PATH, policy_kwargs=...)` builds."""
 
     def __init__(self, **config_fields: Any) -> None:
-        from hbmserve.autoscale.decision_log import DecisionLog
-
         self.config = AutoscaleConfig.from_dict(config_fields)
         self._log = logging.getLogger("ray.serve")
         self._decisions = DecisionLog()
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         app, deployment = getattr(ctx, "app_name", None), getattr(ctx, "deployment_name", "?")
-        held = self._decisions.held_at_ingress(app, deployment)
+        held = held_at_ingress(app, deployment)
         target, policy_state = decide_from_context(ctx, self.config, held)
         previous = (ctx.policy_state or {}).get(DECISION_KEY) or {}
         decision = policy_state[DECISION_KEY]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
@@ -30,7 +29,7 @@ import time
 
 from hbmserve.cluster.config import ModelSpec
 from hbmserve.deployments.admission import AdmissionBudget
-from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
+from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters, json_response, openai_error
 from hbmserve.deployments.replica_http import AsgiListener
 
 log = logging.getLogger("hbmserve.gate")
@@ -40,16 +39,6 @@ POLL_S = 0.2
 # polls, so the replica has bound it and no connection meets a closed port.
 HANDOVER_S = 1.0
 _HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"host", b"upgrade", b"te", b"trailer"}
-
-
-def _json_response(status: int, payload: dict, headers: list[tuple[bytes, bytes]] = ()):
-    body = json.dumps(payload).encode()
-    return (
-        {"type": "http.response.start", "status": status,
-         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                     *headers]},
-        {"type": "http.response.body", "body": body},
-    )
 
 
 class ModelGate:
@@ -144,7 +133,7 @@ class ModelGate:
             card = {"id": self.model.name, "object": "model", "created": 0, "owned_by": "hbmserve",
                     "root": self.model.name, "parent": None,
                     "max_model_len": self.model.engine_settings.max_model_len}
-            for msg in _json_response(200, {"object": "list", "data": [card]}):
+            for msg in json_response(200, {"object": "list", "data": [card]}):
                 await send(msg)
             return
         body = b""
@@ -178,11 +167,10 @@ class ModelGate:
             await asyncio.to_thread(self._publish_held)
         retry = max(1, math.ceil(self.model.autoscaling.startup_s.warm))
         log.warning("%s: no replica ready within %.0fs; answered 503", self.model.name, self.wait_s)
-        for msg in _json_response(
-                503, {"error": {"message": f"model {self.model.name} is scaling up from zero and no replica was "
-                                           f"ready within {self.wait_s:g}s; retry after {retry}s",
-                                "type": "service_unavailable", "param": None, "code": "scaling_from_zero"}},
-                [(b"retry-after", str(retry).encode())]):
+        message = (f"model {self.model.name} is scaling up from zero and no replica was ready within "
+                   f"{self.wait_s:g}s; retry after {retry}s")
+        for msg in openai_error(503, message, "service_unavailable", "scaling_from_zero",
+                                [(b"retry-after", str(retry).encode())]):
             await send(msg)
 
     async def _forward(self, url: str, scope, body: bytes, send) -> None:

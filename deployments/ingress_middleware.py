@@ -68,14 +68,21 @@ class LoadCounters:
         return tuple(s for _, s in self.tpot_s)
 
 
-def _error(status: int, message: str, err_type: str, code: str, headers: list[tuple[bytes, bytes]] = ()):
-    body = json.dumps({"error": {"message": message, "type": err_type, "param": None, "code": code}}).encode()
+def json_response(status: int, payload: dict, headers: list[tuple[bytes, bytes]] = ()):
+    """The two ASGI messages of a whole JSON reply."""
+    body = json.dumps(payload).encode()
     start = {
         "type": "http.response.start",
         "status": status,
         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
     }
     return start, {"type": "http.response.body", "body": body}
+
+
+def openai_error(status: int, message: str, err_type: str, code: str, headers: list[tuple[bytes, bytes]] = ()):
+    """An OpenAI-style error reply: {"error": {"message", "type", "param", "code"}}."""
+    return json_response(status, {"error": {"message": message, "type": err_type, "param": None, "code": code}},
+                         headers)
 
 
 class IngressMiddleware:
@@ -90,7 +97,7 @@ class IngressMiddleware:
             await self.app(scope, receive, send)
             return
         if self.api_keys and dict(scope["headers"]).get(b"authorization") not in self.api_keys:
-            for msg in _error(401, "Invalid or missing API key.", "authentication_error", "invalid_api_key"):
+            for msg in openai_error(401, "Invalid or missing API key.", "authentication_error", "invalid_api_key"):
                 await send(msg)
             return
         if scope["path"] not in _ADMITTED_PATHS:
@@ -102,7 +109,7 @@ class IngressMiddleware:
         if isinstance(decision, Reject):
             c.rejected += 1
             retry = [(b"retry-after", str(decision.retry_after_s).encode())]
-            for msg in _error(429, decision.reason, "rate_limit_error", "overloaded", retry):
+            for msg in openai_error(429, decision.reason, "rate_limit_error", "overloaded", retry):
                 await send(msg)
             return
         c.in_flight += 1

@@ -64,11 +64,9 @@ models:
 """
 
 
-def _ttft(url: str, max_tokens: int, burst_t0: float | None = None) -> float:
+def _ttft(url: str, max_tokens: int) -> float:
     body = {"model": MODEL, "prompt": "burst", "max_tokens": max_tokens, "stream": True}
     t0 = time.monotonic()
-    if burst_t0 is not None and os.environ.get("HBMSERVE_BENCH_TRACE"):
-        print(f"  request sent at {t0 - burst_t0:.2f}s", file=sys.stderr, flush=True)
     with httpx.Client(timeout=300) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
         r.raise_for_status()
         first = None
@@ -83,8 +81,6 @@ def _watch_second_active(app: str, dep: str, t0: float, stop: threading.Event, o
 
     while not stop.is_set():
         d = latest_decision(app, dep) or {}
-        if os.environ.get("HBMSERVE_BENCH_TRACE"):
-            print(f"{time.monotonic() - t0:6.1f}s {d.get('reason', '')[:400]}", file=sys.stderr, flush=True)
         if d.get("target_active", 0) >= 2 and "scale_up_s" not in out:
             out["scale_up_s"] = time.monotonic() - t0
             out["reason"] = d.get("reason", "")
@@ -110,7 +106,7 @@ def one_round(config_path: str, clients: int, per_client: int, max_tokens: int) 
         watcher = threading.Thread(target=_watch_second_active, args=(MODEL, dep, t0, stop, out))
         watcher.start()
         with ThreadPoolExecutor(clients) as pool:
-            ttfts = list(pool.map(lambda _: _ttft(url, max_tokens, t0), range(clients * per_client)))
+            ttfts = list(pool.map(lambda _: _ttft(url, max_tokens), range(clients * per_client)))
         stop.set()
         watcher.join()
         ttfts.sort()

@@ -54,6 +54,17 @@ def model_status(name: str | None = None) -> dict:
     return model
 
 
+def wait_for_model(predicate, timeout_s: float, name: str | None = None) -> dict:
+    """Poll a model's `hbmserve status --json` entry until `predicate` holds or time runs out;
+    returns the last entry either way (the caller asserts on it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        model = model_status(name)
+        if predicate(model) or time.monotonic() > deadline:
+            return model
+        time.sleep(2)
+
+
 @pytest.fixture(scope="session")
 def cli():
     """Run the installed `hbmserve` console script, as a user would."""
@@ -75,6 +86,12 @@ def head():
 def status():
     """`status(name=None)` -> a model's `hbmserve status --json` entry (see model_status)."""
     return model_status
+
+
+@pytest.fixture(scope="session")
+def wait_for():
+    """`wait_for(predicate, timeout_s, name=None)` -> a model's status entry (see wait_for_model)."""
+    return wait_for_model
 
 
 @pytest.fixture(scope="session")

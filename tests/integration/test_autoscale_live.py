@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -75,15 +74,6 @@ def _stream_one(url: str) -> int:
     return usage["completion_tokens"]
 
 
-def _wait_for(status, predicate, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        model = status()
-        if predicate(model) or time.monotonic() > deadline:
-            return model
-        time.sleep(2)
-
-
 def _roles(model: dict) -> list[str]:
     return sorted(r["role"] for r in model["replica_stats"])
 
@@ -93,9 +83,9 @@ def _settled(model: dict) -> bool:
     return model["replicas"] == {"RUNNING": 2} and _roles(model) == ["active", "standby"]
 
 
-def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, status):
+def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, status, wait_for):
     url = autoscaled
-    start = _wait_for(status, _settled, timeout_s=60)
+    start = wait_for(_settled, timeout_s=60)
     assert _settled(start), start
     (standby,) = [r["replica"] for r in start["replica_stats"] if r["role"] == "standby"]
     assert start["autoscale"]["standby_replicas"] and start["autoscale"]["target_standby"]["hot"] == 1
@@ -106,7 +96,7 @@ def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, stat
     # lasts long enough (~50 s on one replica) for added replicas to take part.
     with ThreadPoolExecutor(12) as pool:
         burst = [pool.submit(_stream_one, url) for _ in range(72)]
-        scaled = _wait_for(status, lambda m: _roles(m).count("active") >= 2, timeout_s=120)
+        scaled = wait_for(lambda m: _roles(m).count("active") >= 2, timeout_s=120)
         results = [f.result(timeout=300) for f in burst]
     assert results == [MAX_TOKENS] * 72  # every accepted request finished, in full
     assert _roles(scaled).count("active") >= 2, scaled
@@ -136,7 +126,7 @@ def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, stat
     t = threading.Thread(target=trickle_loop)
     t.start()
     try:
-        down = _wait_for(status, _settled, timeout_s=150)
+        down = wait_for(_settled, timeout_s=150)
     finally:
         stop.set()
         t.join(timeout=150)
@@ -146,12 +136,12 @@ def test_burst_scales_up_then_idle_scales_down_without_dropping(autoscaled, stat
     assert trickle and all(n == MAX_TOKENS for n in trickle)
 
 
-def test_decisions_reach_a_real_prometheus(autoscaled, cli, status, tmp_path):
+def test_decisions_reach_a_real_prometheus(autoscaled, cli, wait_for, tmp_path):
     """Requirement 3's "exported as metrics": the decision gauges, scraped by a real Prometheus
     from the targets `hbmserve status --json` lists, as the ops dashboard would read them."""
     from tests.integration.prometheus_server import prometheus_server
 
-    settled = _wait_for(status, _settled, timeout_s=150)
+    settled = wait_for(_settled, timeout_s=150)
     assert _settled(settled), settled
     r = cli("status", "--json", timeout=120)
     assert r.returncode == 0, r.stderr

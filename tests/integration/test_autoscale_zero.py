@@ -54,24 +54,15 @@ def zero(head, tmp_path_factory):
         yield running["url"]
 
 
-def _wait_for(status, predicate, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        model = status(SLEEPY)
-        if predicate(model) or time.monotonic() > deadline:
-            return model
-        time.sleep(2)
-
-
 def _asleep(model: dict) -> bool:
     return model["replicas"].get("RUNNING", 0) == 0 and model["gate"]["listening"]
 
 
-def test_zero_replicas_still_list_the_model_then_the_first_requests_wake_it(zero, status):
+def test_zero_replicas_still_list_the_model_then_the_first_requests_wake_it(zero, status, wait_for):
     import openai
 
     url = zero
-    asleep = _wait_for(status, _asleep, timeout_s=30)
+    asleep = wait_for(_asleep, timeout_s=30, name=SLEEPY)
     assert _asleep(asleep), asleep
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=90)
     assert [m.id for m in client.models.list().data] == [SLEEPY]
@@ -96,7 +87,7 @@ def test_zero_replicas_still_list_the_model_then_the_first_requests_wake_it(zero
     assert status(SLEEPY)["gate"]["accepted"] >= 2  # both went through the gate
 
     # Idle: back to zero, the gate takes the port again, and the model is still listed.
-    asleep = _wait_for(status, _asleep, timeout_s=90)
+    asleep = wait_for(_asleep, timeout_s=90, name=SLEEPY)
     assert _asleep(asleep), asleep
     assert asleep["autoscale"]["target_active"] == 0 and asleep["gate"]["held"] == 0
     assert [m.id for m in client.models.list().data] == [SLEEPY]
