@@ -1,3 +1,3 @@
-from hbmserve.cluster.cli import main
+from hbmserve.cli.main import main
 
 main()

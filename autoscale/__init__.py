@@ -1,5 +1,6 @@
-"""Scaling: pure policies over snapshots (policy, baselines, registry) and the thin Ray Serve
-adapter (serve_adapter, which imports nothing from Ray itself)."""
+"""Scaling brains: hbmserve's policy (`decide`), the baselines it is measured against, and the
+registry that names them. Pure; imports only hbmserve.core. The Ray Serve adapter that calls
+`decide` live is hbmserve.deployments.autoscaling."""
 
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
 

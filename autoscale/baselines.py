@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from hbmserve.autoscale.types import ReplicaState, ScaleDecision, Snapshot
+from hbmserve.core.scaling import ReplicaState, ScaleDecision, Snapshot
 
 # ray/serve/autoscaling_policy.py: _DELAY_ELAPSED_EPS_S
 _DELAY_ELAPSED_EPS_S = 1e-6

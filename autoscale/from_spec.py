@@ -10,7 +10,7 @@ import dataclasses
 
 from hbmserve.autoscale.policy import AutoscaleConfig
 from hbmserve.autoscale.registry import ScalingSpec, hbmserve_config
-from hbmserve.cluster.config import ModelSpec
+from hbmserve.core.config import ModelSpec
 
 
 def autoscale_config_for(model: ModelSpec) -> AutoscaleConfig | None:

@@ -52,7 +52,7 @@ from typing import Any, Callable
 
 from hbmserve.autoscale.signals import (Load, RateTrend, latency_need, load_of, p95, queue_need,
                                        update_trend)
-from hbmserve.autoscale.types import ReplicaState, ScaleDecision, Snapshot, Tier
+from hbmserve.core.scaling import ReplicaState, ScaleDecision, Snapshot, Tier
 from hbmserve.autoscale.warm_pool import PoolEconomics, PoolSizing, size_pool
 
 

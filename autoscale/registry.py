@@ -24,7 +24,7 @@ from hbmserve.autoscale.baselines import (
     static_peak_decide,
 )
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
-from hbmserve.autoscale.types import Tier
+from hbmserve.core.scaling import Tier
 
 
 @dataclass(frozen=True)

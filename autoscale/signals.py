@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hbmserve.autoscale.types import ReplicaState, Snapshot
+from hbmserve.core.scaling import ReplicaState, Snapshot
 
 
 def p95(samples: tuple[float, ...]) -> float | None:

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from hbmserve.autoscale.signals import RateTrend
-from hbmserve.autoscale.types import Tier
+from hbmserve.core.scaling import Tier
 
 
 @dataclass(frozen=True)

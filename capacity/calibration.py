@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine_core import EngineConfig, EngineCore, SimRequest
-from .hardware import GpuProfile
-from .model_shape import ModelShape
-from .perf_model import Deployment, cost_model
+from hbmserve.capacity.engine_core import EngineConfig, EngineCore, SimRequest
+from hbmserve.capacity.hardware import GpuProfile
+from hbmserve.capacity.model_shape import ModelShape
+from hbmserve.capacity.perf_model import Deployment, cost_model
 
 METRICS = ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s")
 # (name, getter, setter bounds) of the parameters the fit moves.

@@ -19,9 +19,9 @@ from collections import deque
 
 import numpy as np
 
-from .engine_types import EngineConfig, EngineConfigError, Plan, SimRequest
-from .kv_blocks import PrefixCache, blocks_for
-from .perf_model import StepCostModel
+from hbmserve.capacity.engine_types import EngineConfig, EngineConfigError, Plan, SimRequest
+from hbmserve.capacity.kv_blocks import PrefixCache, blocks_for
+from hbmserve.capacity.perf_model import StepCostModel
 
 __all__ = ["EngineConfig", "EngineConfigError", "EngineCore", "Plan", "SimRequest"]
 

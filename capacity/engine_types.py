@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kv_blocks import blocks_for
+from hbmserve.capacity.kv_blocks import blocks_for
 
 
 class EngineConfigError(ValueError):

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .hardware import GpuProfile, Link
-from .model_shape import ModelShape, weight_format
+from hbmserve.capacity.hardware import GpuProfile, Link
+from hbmserve.capacity.model_shape import ModelShape, weight_format
 
 
 @dataclass(frozen=True)

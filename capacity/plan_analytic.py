@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .perf_model import StepCostModel
+from hbmserve.capacity.perf_model import StepCostModel
 
 UTILISATION_CAP = 0.8
 

@@ -1,4 +1,4 @@
-"""From a cluster config (`cluster/config.py`'s ModelSpec) to what the simulator runs.
+"""From a cluster config (`core/config.py`'s ModelSpec) to what the simulator runs.
 
 Which GPU and model shape a config entry stands for:
   - `engine: sim` pretends to be `sim.gpu` running `sim.model_config_name`;
@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hbmserve.cluster.config import EngineKind, ModelSpec
+from hbmserve.core.config import EngineKind, ModelSpec
 
-from .engine_core import EngineConfig
-from .hardware import GpuProfile, get_gpu
-from .model_shape import ModelShape, load_model_shape
-from .perf_model import Deployment, memory_fit
+from hbmserve.capacity.engine_core import EngineConfig
+from hbmserve.capacity.hardware import GpuProfile, get_gpu
+from hbmserve.capacity.model_shape import ModelShape, load_model_shape
+from hbmserve.capacity.perf_model import Deployment, memory_fit
 
 BLOCK_SIZE = 16
 GIB = 1024**3

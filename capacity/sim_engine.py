@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from .engine_core import EngineConfig, EngineCore, SimRequest
-from .perf_model import Deployment, cost_model
+from hbmserve.capacity.engine_core import EngineConfig, EngineCore, SimRequest
+from hbmserve.capacity.perf_model import Deployment, cost_model
 
 _END = -1
 

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hbmserve.cluster.config import ClusterSpec
+from hbmserve.core.config import ClusterSpec
 
 NAMESPACE = "hbmserve"
 LOCAL_GCS_PORT = 6379
@@ -222,7 +222,7 @@ def status() -> list[ModelStatus]:
 
     from ray import serve
 
-    from hbmserve.autoscale.decision_log import latest_decision
+    from hbmserve.deployments.decision_log import latest_decision
 
     # The handle's router warns each time a busy replica answers its queue-length probe late
     # (routinely, with tens of replicas on two cores); status only reads counters.

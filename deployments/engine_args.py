@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hbmserve.cluster.config import EngineKind, ModelSpec
+from hbmserve.core.config import EngineKind, ModelSpec
 
 _QUANT_TO_VLLM = {"fp8": "fp8", "int8": "bitsandbytes", "int4": "bitsandbytes", "awq": "awq", "gptq": "gptq"}
 

@@ -27,8 +27,8 @@ import math
 import os
 import time
 
-from hbmserve.cluster.config import ModelSpec
-from hbmserve.deployments.admission import AdmissionBudget
+from hbmserve.core.config import ModelSpec
+from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters, json_response, openai_error
 from hbmserve.deployments.replica_http import AsgiListener
 
@@ -71,7 +71,7 @@ class ModelGate:
 
     # -- following the policy -------------------------------------------------------------
     def _read_active(self) -> list[str]:
-        from hbmserve.autoscale.decision_log import latest_decision
+        from hbmserve.deployments.decision_log import latest_decision
 
         decision = latest_decision(self.app_name, self.engine_deployment)
         return list(decision.get("active_replicas", ())) if decision else []
@@ -101,7 +101,7 @@ class ModelGate:
                 log.warning("gate could not read the autoscaler's decision", exc_info=True)
 
     def _publish_held(self) -> None:
-        from hbmserve.autoscale.decision_log import publish_held
+        from hbmserve.deployments.decision_log import publish_held
 
         publish_held(self.app_name, self.engine_deployment, self.held)
 

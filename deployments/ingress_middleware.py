@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from hbmserve.deployments.admission import AdmissionBudget, Reject, ReplicaLoad, admit
+from hbmserve.routing.admission import AdmissionBudget, Reject, ReplicaLoad, admit
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from hbmserve.cluster.config import EngineKind, ModelSpec
+from hbmserve.core.config import EngineKind, ModelSpec
 from hbmserve.deployments.serve_app import EngineReplica, actor_options
 from hbmserve.placement.plan_types import PlacementPlan, PlacementRequest
 from hbmserve.placement.planner import plan

@@ -13,8 +13,8 @@ import os
 import time
 from typing import Callable
 
-from hbmserve.cluster.config import ClusterSpec, EngineKind, ModelSpec
-from hbmserve.deployments.admission import AdmissionBudget
+from hbmserve.core.config import ClusterSpec, EngineKind, ModelSpec
+from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import vllm_launch
 
 log = logging.getLogger("hbmserve.replica")
@@ -84,7 +84,7 @@ class EngineReplica:
 
     def _assigned_active(self) -> bool:
         """Blocking (Ray internal KV). Before the policy's first decision every replica serves."""
-        from hbmserve.autoscale.decision_log import latest_decision
+        from hbmserve.deployments.decision_log import latest_decision
 
         app, deployment, me = self._me
         decision = latest_decision(app, deployment)
@@ -106,9 +106,9 @@ class EngineReplica:
                 log.warning("could not follow the autoscaler's role assignment", exc_info=True)
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
-        """Custom metrics for the autoscaling policy (autoscale/serve_adapter.py). Async: the
+        """Custom metrics for the autoscaling policy (deployments/autoscaling.py). Async: the
         engine's stats live on the replica's event loop, and Serve runs sync methods in threads."""
-        from hbmserve.autoscale.serve_adapter import autoscaling_stats
+        from hbmserve.deployments.autoscaling import autoscaling_stats
 
         now = time.monotonic()
         load = self.server.engine_stats()
@@ -199,7 +199,7 @@ def actor_options(model: ModelSpec) -> dict:
 def scaling_options(model: ModelSpec) -> dict:
     """Fixed `replicas`, or Serve autoscaling driven by hbmserve's policy (autoscale/)."""
     from hbmserve.autoscale.from_spec import autoscale_config_for
-    from hbmserve.autoscale.serve_adapter import serve_autoscaling_config
+    from hbmserve.deployments.autoscaling import serve_autoscaling_config
 
     config = autoscale_config_for(model)
     if config is None:

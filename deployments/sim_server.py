@@ -17,8 +17,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from hbmserve.cluster.config import ModelSpec
-from hbmserve.deployments.admission import AdmissionBudget
+from hbmserve.core.config import ModelSpec
+from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
 from hbmserve.deployments.sim_protocol import (ChatRequest, CompletionRequest, GenerationPlan, Rejection,

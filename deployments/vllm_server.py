@@ -13,7 +13,7 @@ import logging
 import os
 from contextlib import AsyncExitStack
 
-from hbmserve.deployments.admission import AdmissionBudget
+from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import EngineLaunch
 from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad

@@ -1,11 +1,11 @@
 """Autoscaler evaluation (issue 5, requirement 6): every registered policy side by side in the
-simulator on the reference cluster (autoscale/data/reference_cluster.yaml: Llama-3.1-70B shape,
+simulator on the reference cluster (sim/data/reference_cluster.yaml: Llama-3.1-70B shape,
 H100 TP=4, SLO p95 TTFT 2 s / TPOT 0.1 s, 1-16 replicas, start-up 5 s hot / 45 s warm / 180 s
 cold), on
   (a) the Azure LLM 2023 conversation trace, whole, as recorded and with token lengths x4
       (`--azure-token-scales`; x4 makes the same arrival process need up to ~10 replicas
       instead of 1-2, so a replica is a finer step); skipped with a reason if the file is absent;
-  (b) the synthetic sharp-burst trace (autoscale/burst_trace.py, default BurstSpec: 5 req/s with
+  (b) the synthetic sharp-burst trace (capacity/burst_trace.py, default BurstSpec: 5 req/s with
       four 5-minute steps to 25 req/s in an hour), one run per seed; medians across seeds.
 
 Also one sensitivity row that is NOT a registry baseline: Ray's same default policy with
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from hbmserve.autoscale.baselines import RayDefaultConfig
-from hbmserve.autoscale.burst_trace import BurstSpec, burst_arrivals
-from hbmserve.autoscale.evaluate import (
+from hbmserve.capacity.burst_trace import BurstSpec, burst_arrivals
+from hbmserve.sim.evaluate import (
     EvalResult,
     TraceScaling,
     evaluate,
@@ -149,7 +149,7 @@ def main() -> None:
     def plot(results: dict[str, EvalResult], name: str, title: str) -> None:
         if args.plot_dir is None:
             return
-        from hbmserve.autoscale.eval_plot import plot_replicas_vs_load
+        from hbmserve.sim.eval_plot import plot_replicas_vs_load
 
         args.plot_dir.mkdir(parents=True, exist_ok=True)
         shown = [r for n, r in results.items() if n in POLICIES]  # the registry's four

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 
 from hbmserve.cluster import ray_cluster as rc
-from hbmserve.cluster.config import load_cluster_spec
+from hbmserve.core.config import load_cluster_spec
 
 MODEL = "bench-standby"
 PORT = 18400
@@ -77,7 +77,7 @@ def _ttft(url: str, max_tokens: int) -> float:
 
 
 def _watch_second_active(app: str, dep: str, t0: float, stop: threading.Event, out: dict) -> None:
-    from hbmserve.autoscale.decision_log import latest_decision
+    from hbmserve.deployments.decision_log import latest_decision
 
     while not stop.is_set():
         d = latest_decision(app, dep) or {}

@@ -14,7 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
-from hbmserve.cluster.config import load_cluster_spec
+from hbmserve.core.config import load_cluster_spec
 from hbmserve.ops.bench.serving_overhead import bare_vllm, run_vllm_bench
 
 

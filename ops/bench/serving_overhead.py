@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from hbmserve.cluster.config import load_cluster_spec
+from hbmserve.core.config import load_cluster_spec
 from hbmserve.deployments.engine_args import vllm_launch
 
 METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms")

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from hbmserve.cluster import ray_cluster as rc
-from hbmserve.cluster.config import load_cluster_spec
+from hbmserve.core.config import load_cluster_spec
 
 MIB = 1024 * 1024
 

@@ -20,7 +20,7 @@ import pytest
 
 import hbmserve.placement as placement_pkg
 from hbmserve.cluster import ray_cluster as rc
-from hbmserve.cluster.config import parse_cluster_spec
+from hbmserve.core.config import parse_cluster_spec
 from hbmserve.deployments.placed_app import deployment_name, plan_model
 from hbmserve.placement.bootstrap import NODE_LABEL
 from hbmserve.placement.cluster_file import load_cluster_file
@@ -78,7 +78,7 @@ def _status_json() -> dict:
     import typer
     from typer.testing import CliRunner
 
-    from hbmserve.cluster.serve_cli import register
+    from hbmserve.cli.serve import register
 
     app = typer.Typer()
     register(app)

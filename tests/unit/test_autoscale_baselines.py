@@ -9,7 +9,7 @@ import pytest
 
 from hbmserve.autoscale import baselines as bl
 from hbmserve.autoscale.registry import POLICIES, ScalingSpec
-from hbmserve.autoscale.types import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot
+from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot
 
 
 def snap(now, *, active=0, starting=0, waiting=0, running=0, pending=0) -> Snapshot:

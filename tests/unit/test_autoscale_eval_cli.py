@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from hbmserve.autoscale.cli import register
+from hbmserve.cli.autoscale import register
 
 KEYS = {"slo_attainment", "ttft_p95_s", "gpu_hours", "cost_usd", "scale_actions",
         "scale_actions_per_hour", "dropped_requests"}

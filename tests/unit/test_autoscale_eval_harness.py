@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from hbmserve.autoscale.burst_trace import BurstSpec, burst_arrivals, burst_schedule
-from hbmserve.autoscale.evaluate import (
+from hbmserve.capacity.burst_trace import BurstSpec, burst_arrivals, burst_schedule
+from hbmserve.sim.evaluate import (
     EvalError,
     TraceScaling,
     count_scale_actions,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from hbmserve.autoscale.from_spec import autoscale_config_for
-from hbmserve.autoscale.serve_adapter import POLICY_PATH, serve_autoscaling_config
-from hbmserve.cluster.config import parse_cluster_spec
+from hbmserve.deployments.autoscaling import POLICY_PATH, serve_autoscaling_config
+from hbmserve.core.config import parse_cluster_spec
 from hbmserve.deployments.serve_app import scaling_options
 
 
@@ -49,7 +49,7 @@ def test_defaults_keep_at_most_one_hot_standby():
 def test_bad_standby_bounds_name_the_field():
     import pytest
 
-    from hbmserve.cluster.config import ConfigError
+    from hbmserve.core.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"models\.0\.autoscaling\.hot_standby"):
         _model({"max_replicas": 4, "hot_standby": {"min": 3, "max": 1}})

@@ -19,7 +19,7 @@ from hbmserve.autoscale.policy import (
     tier_sequence,
 )
 from hbmserve.autoscale.signals import RateTrend
-from hbmserve.autoscale.types import ReplicaSnapshot, ReplicaState, Snapshot, Tier
+from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot, Tier
 
 
 def snap(now: float, *, active: int = 0, starting: int = 0, standby: int = 0, waiting: int = 0,

@@ -12,9 +12,9 @@ import math
 
 import pytest
 
-from hbmserve.autoscale import serve_adapter as sa
+from hbmserve.deployments import autoscaling as sa
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
-from hbmserve.autoscale.types import ReplicaState, Tier
+from hbmserve.core.scaling import ReplicaState, Tier
 
 ray_config = pytest.importorskip("ray.serve.config", reason="ray[serve] not installed")
 ray_common = pytest.importorskip("ray.serve._private.common", reason="ray[serve] not installed")

@@ -9,7 +9,7 @@ import pytest
 
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
 from hbmserve.autoscale.signals import RateTrend, update_trend
-from hbmserve.autoscale.types import ReplicaSnapshot, ReplicaState, Snapshot, Tier
+from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot, Tier
 from hbmserve.autoscale.warm_pool import PoolEconomics, size_pool
 
 TAUS = dict(fast_tau_s=5.0, slow_tau_s=120.0, variance_tau_s=600.0, slope_tau_s=300.0, z=1.0)

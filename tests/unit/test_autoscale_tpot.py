@@ -10,9 +10,9 @@ import pytest
 
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
 from hbmserve.autoscale.registry import ScalingSpec, hbmserve_config
-from hbmserve.autoscale.types import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
+from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
 from hbmserve.capacity.arrivals import Arrivals
-from hbmserve.capacity.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
+from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu
 from hbmserve.capacity.model_shape import load_model_shape
@@ -129,7 +129,7 @@ def test_the_cluster_slo_reaches_the_policy_config():
 
 def test_from_spec_takes_the_tpot_target_from_the_model_slo():
     from hbmserve.autoscale.from_spec import autoscale_config_for
-    from hbmserve.cluster.config import parse_cluster_spec
+    from hbmserve.core.config import parse_cluster_spec
 
     spec = parse_cluster_spec({"models": [{
         "name": "m", "source": "/m", "engine": "sim", "slo": {"tpot_p95_ms": 80},

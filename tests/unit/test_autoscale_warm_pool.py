@@ -7,7 +7,7 @@ from statistics import NormalDist
 import pytest
 
 from hbmserve.autoscale.signals import RateTrend
-from hbmserve.autoscale.types import Tier
+from hbmserve.core.scaling import Tier
 from hbmserve.autoscale.warm_pool import PoolEconomics, prob_rate_exceeds, size_pool
 
 STARTUP = {Tier.HOT: 5.0, Tier.WARM: 45.0, Tier.COLD: 180.0}

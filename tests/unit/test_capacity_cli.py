@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from hbmserve.capacity.cli import register
+from hbmserve.cli.capacity import register
 
 SIM_KEYS = {"ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "goodput_rps", "slo_attainment",
             "preemptions", "gpu_hours", "cost_usd", "usd_per_mtok", "sim_wall_s"}

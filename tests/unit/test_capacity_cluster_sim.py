@@ -7,9 +7,9 @@ import functools
 import numpy as np
 import pytest
 
-from hbmserve.autoscale.types import ReplicaState, ScaleDecision, Snapshot, Tier
+from hbmserve.core.scaling import ReplicaState, ScaleDecision, Snapshot, Tier
 from hbmserve.capacity.arrivals import Arrivals, poisson_arrivals
-from hbmserve.capacity.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
+from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu
 from hbmserve.capacity.model_shape import load_model_shape

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from hbmserve.capacity.arrivals import poisson_arrivals
-from hbmserve.capacity.cluster_sim import SLOSpec
+from hbmserve.sim.cluster_sim import SLOSpec
 from hbmserve.capacity.hardware import get_gpu, load_catalog
 from hbmserve.capacity.model_shape import load_model_shape
 from hbmserve.capacity.perf_model import Deployment, cost_model, memory_fit
 from hbmserve.capacity.plan_analytic import EngineKnobs, Workload, estimate
-from hbmserve.capacity.planner import SearchSpace, _configs, plan, workload_of
+from hbmserve.sim.planner import SearchSpace, _configs, plan, workload_of
 
 M8 = load_model_shape("llama-3.1-8b")
 LOAD = poisson_arrivals(2.0, 60.0, prompt_tokens=500, output_tokens=100, length_cv=0.3, seed=7)
@@ -75,7 +75,7 @@ def test_analytic_estimate_grows_with_load_and_overloads():
 
 
 def test_costs_within_two_percent_tie_and_headroom_breaks_the_tie():
-    from hbmserve.capacity.planner import PlanCandidate, _rank_by_cost_then_headroom
+    from hbmserve.sim.planner import PlanCandidate, _rank_by_cost_then_headroom
 
     def cand(usd, tpot):
         return PlanCandidate("h100-sxm", 1, 1, 1, 0, "bf16", 64, 2048, True, 0.5, tpot, 3.0, usd, True, "")

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hbmserve.capacity.arrivals import Arrivals
-from hbmserve.capacity.cluster_sim import SimCluster, SLOSpec, simulate
+from hbmserve.sim.cluster_sim import SimCluster, SLOSpec, simulate
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu
 from hbmserve.capacity.model_shape import load_model_shape

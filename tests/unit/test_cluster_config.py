@@ -8,14 +8,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from hbmserve.cluster.config import (
+from hbmserve.core.config import (
     ClusterSpec,
     ConfigError,
     EngineKind,
     load_cluster_spec,
     parse_cluster_spec,
 )
-from hbmserve.cluster.serve_cli import register
+from hbmserve.cli.serve import register
 
 
 def _minimal(**model) -> dict:

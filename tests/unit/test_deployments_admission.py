@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hbmserve.deployments.admission import Admit, AdmissionBudget, Reject, ReplicaLoad, admit
+from hbmserve.routing.admission import Admit, AdmissionBudget, Reject, ReplicaLoad, admit
 from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
 
 

@@ -15,8 +15,8 @@ from hbmserve.capacity.hardware import load_catalog
 from hbmserve.capacity.perf_model import cost_model
 from hbmserve.capacity.scenario import scenario_for
 from hbmserve.capacity.sim_engine import SimEngine
-from hbmserve.cluster.config import ModelSpec
-from hbmserve.deployments.admission import AdmissionBudget
+from hbmserve.core.config import ModelSpec
+from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.sim_protocol import (FILLER_WORDS, GenerationPlan, Rejection, estimate_tokens,
                                                filler_text, plan_generation, token_text)
 from hbmserve.deployments.sim_server import SimHttpServer, build_sim_openai_app
@@ -412,7 +412,7 @@ def test_standby_server_listens_only_when_resumed_and_pause_lets_streams_finish(
 # ---- registration in the Serve app ----
 
 def test_sim_engine_is_registered_without_cpu_or_gpu_reservation():
-    from hbmserve.cluster.config import EngineKind, parse_cluster_spec
+    from hbmserve.core.config import EngineKind, parse_cluster_spec
     from hbmserve.deployments.serve_app import ENGINE_SERVERS, actor_options, unsupported_engines
 
     server = ENGINE_SERVERS[EngineKind.SIM](spec(), "127.0.0.1", 0, frozenset())

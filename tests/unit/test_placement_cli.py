@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import hbmserve.placement as placement_pkg
 import hbmserve.placement.nvml_discovery as nvml_discovery
-from hbmserve.placement.cli import register
+from hbmserve.cli.placement import register
 
 DATA = Path(placement_pkg.__file__).parent / "data"
 PAIRS = str(DATA / "cluster_nvlink_pairs_x2.yaml")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import hbmserve.placement as placement_pkg
-from hbmserve.cluster.config import ConfigError, EngineKind, load_cluster_spec, parse_cluster_spec
+from hbmserve.cluster.checks import load_deployable
+from hbmserve.core.config import ConfigError, EngineKind, load_cluster_spec, parse_cluster_spec
 from hbmserve.deployments.placed_app import (
     deployment_name,
     deployment_options,
@@ -48,11 +49,12 @@ def test_topology_resolves_relative_to_the_config_file(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("content", [None, "nodes: []\n", "nodes: [{name: a, nvidia_smi_topo: 'not a table'}]\n"])
 def test_bad_topology_is_a_config_error_naming_the_field(tmp_path, content):
+    """A missing file fails the schema load; a bad one fails before deploy (load_deployable)."""
     cfg = _config(tmp_path, "cluster-topo.yaml", SIM_TP2)
     if content is not None:
         (cfg.parent / "cluster-topo.yaml").write_text(content)
     with pytest.raises(ConfigError) as err:
-        load_cluster_spec(cfg)
+        load_deployable(cfg)
     assert "topology:" in str(err.value)
     assert "Traceback" not in str(err.value)
 

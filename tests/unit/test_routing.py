@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hbmserve.autoscale.types import ReplicaState
-from hbmserve.deployments.routing import ReplicaLoad, RouteRequest, choose
+from hbmserve.core.scaling import ReplicaState
+from hbmserve.routing.choose import ReplicaLoad, RouteRequest, choose
 
 REQ = RouteRequest(prompt_tokens=100, max_tokens=50)
 

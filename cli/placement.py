@@ -1,6 +1,6 @@
 """Placement commands: `topology`, `placement plan`, `node-bootstrap`.
 
-Registered by cluster/cli.py through `register(app)`. Heavy imports stay inside the commands so
+Registered by cli/main.py through `register(app)`. Heavy imports stay inside the commands so
 `hbmserve --help` stays fast.
 """
 
@@ -63,7 +63,7 @@ def topology(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """Show the NVLink islands per node and the GPU x GPU link matrix."""
-    from hbmserve.placement.cli_render import print_topology, topology_to_json
+    from hbmserve.cli.placement_render import print_topology, topology_to_json
 
     topo = _load_file(file) if file is not None else _discover_local(socket.gethostname(), None, None)
     if as_json:
@@ -125,7 +125,7 @@ def plan_command(
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """Plan TP/PP/replica placement; exit 0 when it fits, 3 when it does not."""
-    from hbmserve.placement.cli_render import print_plan
+    from hbmserve.cli.placement_render import print_plan
     from hbmserve.placement.plan_types import PlacementRequest
     from hbmserve.placement.planner import plan
 

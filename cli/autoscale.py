@@ -7,7 +7,7 @@ exits 2.
 `evaluate --json` prints one JSON object for one policy; for `--policy all`, an object with the
 run's settings and `policies`: {name: object}. Each object carries at least slo_attainment,
 ttft_p95_s, gpu_hours, cost_usd, scale_actions, scale_actions_per_hour and dropped_requests
-(see autoscale/evaluate.py for how each is counted).
+(see sim/evaluate.py for how each is counted).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from hbmserve.capacity.hardware import CatalogError
     from hbmserve.capacity.model_shape import ModelConfigError
     from hbmserve.capacity.scenario import ScenarioError
-    from hbmserve.cluster.config import ConfigError
+    from hbmserve.core.config import ConfigError
 
-    from .evaluate import EvalError
+    from hbmserve.sim.evaluate import EvalError
 
     return (ConfigError, CatalogError, ModelConfigError, TraceError, ScenarioError,
             EngineConfigError, EvalError)
@@ -72,10 +72,10 @@ def evaluate_cmd(
     import time
 
     from hbmserve.autoscale.registry import POLICIES
-    from hbmserve.autoscale.types import Tier
+    from hbmserve.core.scaling import Tier
     from hbmserve.capacity.arrivals import read_trace
 
-    from .evaluate import TraceScaling, evaluate, load_eval_cluster, scale_trace, scaling_spec
+    from hbmserve.sim.evaluate import TraceScaling, evaluate, load_eval_cluster, scale_trace, scaling_spec
 
     names = list(POLICIES) if policy == ALL else [policy]
     if policy != ALL and policy not in POLICIES:
@@ -95,7 +95,7 @@ def evaluate_cmd(
         results.append(evaluate(name, cluster, arr, spec))
         wall[name] = time.perf_counter() - t0
     if plot is not None:
-        from .eval_plot import plot_replicas_vs_load
+        from hbmserve.sim.eval_plot import plot_replicas_vs_load
 
         plot_replicas_vs_load(results, plot, f"{trace.name}: {cluster.model_name} on "
                               f"{cluster.scenario.deployment.gpu.name} "
@@ -156,8 +156,8 @@ def burst_trace_cmd(
     prompt_tokens: Annotated[float, typer.Option("--prompt-tokens", help="mean")] = 1000.0,
     output_tokens: Annotated[float, typer.Option("--output-tokens", help="mean")] = 200.0,
 ) -> None:
-    """Write a synthetic trace with sharp bursts (see autoscale/burst_trace.py)."""
-    from .burst_trace import BurstSpec, burst_arrivals
+    """Write a synthetic trace with sharp bursts (see capacity/burst_trace.py)."""
+    from hbmserve.capacity.burst_trace import BurstSpec, burst_arrivals
 
     try:
         spec = BurstSpec(duration_s=duration, base_rps=base_rps, burst_rps=burst_rps,

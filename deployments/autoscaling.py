@@ -32,11 +32,11 @@ import time
 from dataclasses import asdict
 from typing import Any, Collection, Iterable
 
-from hbmserve.autoscale.decision_log import DecisionLog, held_at_ingress
+from hbmserve.deployments.decision_log import DecisionLog, held_at_ingress
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
 from hbmserve.autoscale.roles import age_order, assign_roles, current_active
 from hbmserve.autoscale.signals import p95
-from hbmserve.autoscale.types import ReplicaSnapshot, ReplicaState, Snapshot, Tier
+from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot, Tier
 
 STAT_WAITING = "hbm_waiting"
 STAT_RUNNING = "hbm_running"
@@ -49,7 +49,7 @@ STAT_LOAD_S = "hbm_load_s"  # seconds the replica took from its constructor to a
 POLICY_STATE_KEY = "hbmserve"
 ROLES_KEY = "hbmserve_roles"
 DECISION_KEY = "hbmserve_decision"
-POLICY_PATH = "hbmserve.autoscale.serve_adapter:HbmServeAutoscalingPolicy"
+POLICY_PATH = "hbmserve.deployments.autoscaling:HbmServeAutoscalingPolicy"
 # How often each replica pushes its stats to the controller. Ray 2.60 takes this from the
 # (deprecated) AutoscalingConfig.metrics_interval_s, default 10 s, which left the policy up to
 # 10 s behind a burst; the RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S variable its

@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 
 from hbmserve.autoscale.registry import POLICIES, PolicyEntry, ScalingSpec
-from hbmserve.autoscale.types import Snapshot, Tier
+from hbmserve.core.scaling import Snapshot, Tier
 from hbmserve.capacity.arrivals import Arrivals
 from hbmserve.capacity.scenario import Scenario
-from hbmserve.capacity.sim_metrics import SimSummary
+from hbmserve.sim.metrics import SimSummary
 
 REFERENCE_CLUSTER_FILE = "reference_cluster.yaml"
 REFERENCE_STARTUP_S: Mapping[Tier, float] = {Tier.HOT: 5.0, Tier.WARM: 45.0, Tier.COLD: 180.0}
@@ -105,7 +105,7 @@ def load_eval_cluster(path: str | os.PathLike[str] | None = None, *, model: str 
     EvalError, each a one-line message for the user."""
     from hbmserve.capacity.hardware import load_catalog
     from hbmserve.capacity.scenario import scenario_for
-    from hbmserve.cluster.config import load_cluster_spec
+    from hbmserve.core.config import load_cluster_spec
 
     startup = dict(startup_s or REFERENCE_STARTUP_S)
     hot, warm, cold = startup[Tier.HOT], startup[Tier.WARM], startup[Tier.COLD]
@@ -114,7 +114,7 @@ def load_eval_cluster(path: str | os.PathLike[str] | None = None, *, model: str 
     if not decision_interval_s > 0:
         raise EvalError(f"--decision-interval must be > 0, got {decision_interval_s}")
     if path is None:
-        ref = resources.files("hbmserve.autoscale").joinpath("data", REFERENCE_CLUSTER_FILE)
+        ref = resources.files("hbmserve.sim").joinpath("data", REFERENCE_CLUSTER_FILE)
         with resources.as_file(ref) as p:
             spec = load_cluster_spec(p)
         source = f"(embedded {REFERENCE_CLUSTER_FILE})"
@@ -136,7 +136,7 @@ def scaling_spec(cluster: EvalCluster, arr: Arrivals) -> ScalingSpec:
     """What every policy is told: see the module docstring."""
     from hbmserve.capacity.perf_model import cost_model
     from hbmserve.capacity.plan_analytic import EngineKnobs, capacity_rps
-    from hbmserve.capacity.planner import workload_of
+    from hbmserve.sim.planner import workload_of
 
     sc = cluster.scenario
     e = sc.engine
@@ -224,7 +224,7 @@ def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals, spec: ScalingSpec
     """Run the registered policy `policy` over `arr` on `cluster` (spec: scaling_spec(cluster,
     arr)). `entry` replaces the registry's, e.g. a baseline with another config mapping; the
     result is still labelled `policy`."""
-    from hbmserve.capacity.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
+    from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
 
     entry = entry or POLICIES.get(policy)
     if entry is None:

@@ -10,10 +10,10 @@ import typer
 # Each module exposes `register(app: typer.Typer) -> None`. Kept as a registry so an area's
 # commands live beside its code and this file never grows an if/elif of features.
 SUBCOMMAND_MODULES = (
-    "hbmserve.cluster.serve_cli",
-    "hbmserve.placement.cli",
-    "hbmserve.capacity.cli",
-    "hbmserve.autoscale.cli",
+    "hbmserve.cli.serve",
+    "hbmserve.cli.placement",
+    "hbmserve.cli.capacity",
+    "hbmserve.cli.autoscale",
 )
 
 

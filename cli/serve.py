@@ -14,7 +14,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from hbmserve.cluster.config import ClusterSpec, ConfigError, EngineKind, load_cluster_spec
+from hbmserve.cluster.checks import load_deployable
+from hbmserve.core.config import ClusterSpec, ConfigError, EngineKind
 
 err = Console(stderr=True)
 out = Console()
@@ -34,7 +35,7 @@ def model_tiny(out_dir: Path = typer.Option(..., "--out", help="Folder to write 
 
 def _load(config: Optional[Path]) -> ClusterSpec:
     try:
-        return load_cluster_spec(config)
+        return load_deployable(config)
     except ConfigError as e:
         err.print(f"[red]error:[/] {e}", highlight=False)
         raise typer.Exit(2) from None

@@ -68,7 +68,7 @@ class Parallelism(_Strict):
 
 
 class TierStartup(_Strict):
-    """Measured seconds from "scale up" to "serving", per tier (autoscale/types.py Tier)."""
+    """Measured seconds from "scale up" to "serving", per tier (core/scaling.py Tier)."""
 
     hot: Annotated[float, Field(ge=0)] = 5.0  # engine loaded, idle or sleeping
     warm: Annotated[float, Field(ge=0)] = 45.0  # node up, weights on local NVMe
@@ -242,7 +242,7 @@ def load_cluster_spec(path: str | os.PathLike[str] | None = None) -> ClusterSpec
     working when run from elsewhere (for instance by `ray job submit`).
     """
     if path is None:
-        text = resources.files("hbmserve.cluster").joinpath(DEFAULT_CONFIG_NAME).read_text()
+        text = resources.files("hbmserve.core").joinpath(DEFAULT_CONFIG_NAME).read_text()
         base = Path.cwd()
         source = f"(embedded {DEFAULT_CONFIG_NAME})"
     else:
@@ -269,17 +269,13 @@ def _resolve_sources(spec: ClusterSpec, base: Path) -> ClusterSpec:
 
 
 def _resolve_topology(spec: ClusterSpec, base: Path, source: str) -> ClusterSpec:
-    """Make `topology` absolute (like model sources) and check that the file parses now, not at deploy."""
+    """Make `topology` absolute (like model sources) and check that the file exists now, not at
+    deploy. Its contents are checked by `hbmserve.cluster.checks.load_deployable` (the cluster file
+    format belongs to placement, above this layer)."""
     if spec.topology is None:
         return spec
-    from hbmserve.placement.cluster_file import TopologyFileError, load_cluster_file
-
     path = Path(os.path.expanduser(spec.topology))
     path = path if path.is_absolute() else (base / path).resolve()
     if not path.is_file():
         raise ConfigError(f"invalid config {source}:\n  topology: no cluster file at {path}")
-    try:
-        load_cluster_file(path)
-    except TopologyFileError as err:
-        raise ConfigError(f"invalid config {source}:\n  topology: {err}") from None
     return spec.model_copy(update={"topology": str(path)})

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
 
-from hbmserve.autoscale.types import ReplicaState
+from hbmserve.core.scaling import ReplicaState
 
 DEFAULT_AFFINITY_SLACK = 4
 

@@ -1,7 +1,7 @@
 """The cluster simulator: replicas of one engine behind a router, an optional scaling policy,
 and a trace of arrivals, all on a virtual clock.
 
-The router is `hbmserve.deployments.routing.choose` unless another is passed; the policy is any
+The router is `hbmserve.routing.choose.choose` unless another is passed; the policy is any
 callable `policy(snapshot, state) -> (ScaleDecision, state)` - the very function the live
 autoscaler calls (bind its config with functools.partial). Without a policy the replica count
 stays fixed.
@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from hbmserve.autoscale.types import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
-from hbmserve.deployments.routing import ReplicaLoad, RouteDecision, RouteRequest, choose
+from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
+from hbmserve.routing.choose import ReplicaLoad, RouteDecision, RouteRequest, choose
 
-from .arrivals import Arrivals
-from .engine_core import EngineConfig, EngineCore, Plan, SimRequest
-from .perf_model import Deployment, StepCostModel, cost_model
-from .sim_metrics import ReplicaStats, SimResult, summarize
+from hbmserve.capacity.arrivals import Arrivals
+from hbmserve.capacity.engine_core import EngineConfig, EngineCore, Plan, SimRequest
+from hbmserve.capacity.perf_model import Deployment, StepCostModel, cost_model
+from hbmserve.sim.metrics import ReplicaStats, SimResult, summarize
 
 Policy = Callable[[Snapshot, Any], tuple[ScaleDecision, Any]]
 Router = Callable[[list[ReplicaLoad], RouteRequest], RouteDecision]

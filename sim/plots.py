@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .planner import PlanCandidate
-from .sim_metrics import SimResult
+from hbmserve.sim.planner import PlanCandidate
+from hbmserve.sim.metrics import SimResult
 
 
 def plot_timeseries(result: SimResult, path: str | os.PathLike[str], title: str = "") -> None:

@@ -24,20 +24,20 @@ def _fail(msg: str) -> typer.Exit:
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    from hbmserve.cluster.config import ConfigError
+    from hbmserve.core.config import ConfigError
 
-    from .arrivals import TraceError
-    from .engine_core import EngineConfigError
-    from .hardware import CatalogError
-    from .model_shape import ModelConfigError
-    from .scenario import ScenarioError
+    from hbmserve.capacity.arrivals import TraceError
+    from hbmserve.capacity.engine_core import EngineConfigError
+    from hbmserve.capacity.hardware import CatalogError
+    from hbmserve.capacity.model_shape import ModelConfigError
+    from hbmserve.capacity.scenario import ScenarioError
 
     return (ConfigError, CatalogError, ModelConfigError, TraceError, ScenarioError, EngineConfigError)
 
 
 def _arrivals(trace: Optional[Path], rate: Optional[float], duration: float, prompt: float, output: float,
               burstiness: float, seed: int, time_scale: float):
-    from .arrivals import gamma_arrivals, read_trace
+    from hbmserve.capacity.arrivals import gamma_arrivals, read_trace
 
     if trace is not None:
         arr = read_trace(trace)
@@ -80,11 +80,11 @@ def _registry_policy(name: str, m: Any, sc: Any, arr: Any, startup: dict) -> tup
     """Bind a registered policy to this config: bounds and queue target from `autoscaling`, the
     TTFT target from `slo`, and replica capacity from the capacity model at that SLO."""
     from hbmserve.autoscale.registry import POLICIES, ScalingSpec
-    from hbmserve.autoscale.types import Tier
+    from hbmserve.core.scaling import Tier
 
-    from .perf_model import cost_model
-    from .plan_analytic import EngineKnobs, capacity_rps
-    from .planner import workload_of
+    from hbmserve.capacity.perf_model import cost_model
+    from hbmserve.capacity.plan_analytic import EngineKnobs, capacity_rps
+    from hbmserve.sim.planner import workload_of
 
     entry = POLICIES.get(name)
     if entry is None:
@@ -104,7 +104,7 @@ def _registry_policy(name: str, m: Any, sc: Any, arr: Any, startup: dict) -> tup
 
 
 def simulate_cmd(
-    config: Annotated[Path, typer.Option("--config", help="cluster YAML (cluster/config.py schema)")],
+    config: Annotated[Path, typer.Option("--config", help="cluster YAML (core/config.py schema)")],
     trace: Annotated[Optional[Path], typer.Option("--trace", help="CSV (arrived_at,num_prefill_tokens,"
                                                   "num_decode_tokens) or JSONL trace")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -137,12 +137,12 @@ def simulate_cmd(
     """Replay a trace (or synthetic load) through a simulated cluster and report latency and cost."""
     import time
 
-    from hbmserve.autoscale.types import Tier
-    from hbmserve.cluster.config import load_cluster_spec
+    from hbmserve.core.scaling import Tier
+    from hbmserve.core.config import load_cluster_spec
 
-    from .cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
-    from .hardware import load_catalog
-    from .scenario import scenario_for
+    from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
+    from hbmserve.capacity.hardware import load_catalog
+    from hbmserve.capacity.scenario import scenario_for
 
     try:
         spec = load_cluster_spec(config)
@@ -172,7 +172,7 @@ def simulate_cmd(
            "model_shape": sc.deployment.model.name, "tp": sc.deployment.tp, "pp": sc.deployment.pp,
            "replicas": sc.replicas, "usd_per_gpu_hour": sc.usd_per_gpu_hour}
     if plot is not None:
-        from .plots import plot_timeseries
+        from hbmserve.sim.plots import plot_timeseries
 
         plot_timeseries(result, plot, f"{m.name}: {sc.deployment.model.name} on {sc.deployment.gpu.name} "
                                       f"TP{sc.deployment.tp}, {len(arr)} requests")
@@ -237,11 +237,11 @@ def plan_cmd(
     seed: Annotated[int, typer.Option("--seed")] = 0,
 ) -> None:
     """Search GPU x TP x PP x quantisation x engine knobs x replicas for the cheapest plan meeting the SLO."""
-    from .cluster_sim import SLOSpec
-    from .hardware import load_catalog
-    from .model_shape import load_model_shape
-    from .planner import SearchSpace, plan
-    from .scenario import resolve_gpu_name
+    from hbmserve.sim.cluster_sim import SLOSpec
+    from hbmserve.capacity.hardware import load_catalog
+    from hbmserve.capacity.model_shape import load_model_shape
+    from hbmserve.sim.planner import SearchSpace, plan
+    from hbmserve.capacity.scenario import resolve_gpu_name
 
     if (rate is None) == (trace is None):
         raise _fail("give exactly one of --rate RPS or --trace FILE")
@@ -269,7 +269,7 @@ def plan_cmd(
                       confirm_top=confirm_top, sim_arrivals=sim_arr,
                       progress=lambda d, t, label: bar.update(task, completed=d, total=t, description=label))
     if plot is not None and result.plans:
-        from .plots import plot_frontier
+        from hbmserve.sim.plots import plot_frontier
 
         plot_frontier(result.plans, plot, slo.ttft_s, slo.tpot_s, f"{shape.name}: cost vs latency")
     if json_out:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hbmserve.autoscale.evaluate import EvalResult
+from hbmserve.sim.evaluate import EvalResult
 
 
 def _smooth(x: np.ndarray, w: int = 30) -> np.ndarray:

@@ -16,13 +16,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .arrivals import Arrivals
-from .cluster_sim import SimCluster, SLOSpec, simulate
-from .engine_core import EngineConfig, EngineConfigError
-from .hardware import GpuProfile
-from .model_shape import ModelShape
-from .perf_model import Deployment, cost_model, memory_fit
-from .plan_analytic import EngineKnobs, Workload, capacity_rps, estimate
+from hbmserve.capacity.arrivals import Arrivals
+from hbmserve.sim.cluster_sim import SimCluster, SLOSpec, simulate
+from hbmserve.capacity.engine_core import EngineConfig, EngineConfigError
+from hbmserve.capacity.hardware import GpuProfile
+from hbmserve.capacity.model_shape import ModelShape
+from hbmserve.capacity.perf_model import Deployment, cost_model, memory_fit
+from hbmserve.capacity.plan_analytic import EngineKnobs, Workload, capacity_rps, estimate
 
 Progress = Callable[[int, int, str], None]
 QUANTS: tuple[str | None, ...] = (None, "fp8", "int8", "int4")

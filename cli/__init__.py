@@ -1,0 +1,1 @@
+"""The `hbmserve` command line: the top layer, importing everything below and imported by none."""
