@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -16,6 +15,7 @@ from rich.console import Console
 
 from hbmserve.cluster.checks import load_deployable
 from hbmserve.core.config import ClusterSpec, ConfigError, EngineKind
+from hbmserve.core.scaling import ReplicaState
 
 err = Console(stderr=True)
 out = Console()
@@ -168,34 +168,34 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         raise _fail(str(e)) from None
     if as_json:
         print(json.dumps({"cluster": address, "metrics_targets": targets,
-                          "models": [dataclasses.asdict(m) for m in models]}))
+                          "models": [m.to_dict() for m in models]}))
         return
     table = Table(title=f"hbmserve on {address}")
     for col in ("model", "status", "replicas", "endpoints", "accepted per replica"):
         table.add_column(col)
     for m in models:
         reps = ", ".join(f"{n} {s.lower()}" for s, n in sorted(m.replicas.items())) or "-"
-        accepted = " / ".join(str(r.accepted) + (" (standby)" if r.role == "standby" else "")
+        accepted = " / ".join(str(r.accepted) + (" (standby)" if r.role is ReplicaState.STANDBY else "")
                               for r in m.replica_stats) or "-"
         table.add_row(m.name, m.app_status, reps, "\n".join(m.endpoints) or "-", accepted)
     out.print(table if models else "no models deployed")
     out.print(f"Prometheus scrape targets: {', '.join(targets) or '-'}", highlight=False)
     for m in models:
         if m.autoscale:
-            out.print(f"[bold]{m.name}[/] autoscale -> {m.autoscale['serve_target']} replicas: {m.autoscale['reason']}",
+            out.print(f"[bold]{m.name}[/] autoscale -> {m.autoscale.serve_target} replicas: {m.autoscale.reason}",
                       highlight=False)
         if m.gate:
-            where = "listening: no replica active" if m.gate["listening"] else "idle: replicas serve the port"
-            out.print(f"[bold]{m.name}[/] scale-to-zero gate {where}; holding {m.gate['held']} request(s)",
+            where = "listening: no replica active" if m.gate.listening else "idle: replicas serve the port"
+            out.print(f"[bold]{m.name}[/] scale-to-zero gate {where}; holding {m.gate.held} request(s)",
                       highlight=False)
         placed = [r.placement for r in m.replica_stats if r.placement is not None]
         if placed:
-            ok = sum(1 for p in placed if p["placement_verified"])
+            ok = sum(1 for p in placed if p.placement_verified)
             out.print(f"[bold]{m.name}[/] placement verified on {ok}/{len(placed)} replicas", highlight=False)
             for p in placed:
-                if not p["placement_verified"]:
-                    out.print(f"  [yellow]{p['reason']}[/] (expected extra all-reduce "
-                              f"{p['expected_extra_allreduce_us']} us)", highlight=False)
+                if not p.placement_verified:
+                    out.print(f"  [yellow]{p.reason}[/] (expected extra all-reduce "
+                              f"{p.expected_extra_allreduce_us} us)", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

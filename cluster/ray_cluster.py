@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hbmserve.core.config import ClusterSpec
+from hbmserve.core.records import DecisionRecord, GateInfo, PlacementReport, Record, RecordError, ReplicaInfo
+from hbmserve.core.scaling import ReplicaState
 
 NAMESPACE = "hbmserve"
 LOCAL_GCS_PORT = 6379
@@ -99,6 +101,7 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
     """
     from ray import serve
 
+    from hbmserve.deployments.records_store import read_ingress_info
     from hbmserve.deployments.serve_app import build_model_app, model_ports, unsupported_engines
 
     problems = unsupported_engines(spec)
@@ -122,7 +125,10 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
         except RuntimeError as err:
             raise ClusterError(f"model {m.name} failed to deploy: {err}") from None
         with _closing(handle):
-            endpoints[m.name] = handle.info.remote().result(timeout_s=60)["url"]
+            try:
+                endpoints[m.name] = read_ingress_info(handle.info.remote().result(timeout_s=60)).url
+            except RecordError as err:
+                raise ClusterError(f"model {m.name} deployed, but its ingress answered: {err}") from None
         # An autoscaled replica binds the port once the policy makes it active (one control
         # loop tick); the endpoint is returned when it answers.
         _wait_listening(endpoints[m.name], timeout_s=60)
@@ -168,20 +174,25 @@ def _placement_plans(spec: ClusterSpec) -> dict:
     return plans
 
 
+# `hbmserve status --json` prints ModelStatus.to_dict(); tests/integration read its keys.
 @dataclass(frozen=True)
-class ReplicaStats:
+class ReplicaStats(Record):
     replica: str  # node id prefix : pid
     url: str
     accepted: int  # requests admitted since the replica started
     rejected: int  # 429s
     in_flight: int
-    role: str = "active"  # or "standby": loaded, out of rotation (autoscale/roles.py)
+    role: ReplicaState = ReplicaState.ACTIVE  # or STANDBY: loaded, out of rotation (autoscale/roles.py)
     # Planned replicas only: placement_verified and what crossed (placement/verification.py).
-    placement: dict | None = None
+    placement: PlacementReport | None = None
+
+    @classmethod
+    def of(cls, key: str, info: ReplicaInfo) -> ReplicaStats:
+        return cls(key, info.url, info.accepted, info.rejected, info.in_flight, info.role, info.placement)
 
 
 @dataclass(frozen=True)
-class ModelStatus:
+class ModelStatus(Record):
     name: str
     app_status: str
     replicas: dict[str, int]  # replica state -> count
@@ -189,9 +200,9 @@ class ModelStatus:
     message: str
     replica_stats: tuple[ReplicaStats, ...] = ()  # the running replicas that answered
     # The autoscaling policy's last decision and reason; None with a fixed replica count.
-    autoscale: dict | None = None
+    autoscale: DecisionRecord | None = None
     # A scale-to-zero model's gate (deployments/gate.py): listening, held requests.
-    gate: dict | None = None
+    gate: GateInfo | None = None
 
 
 @contextlib.contextmanager
@@ -204,25 +215,35 @@ def _closing(handle):
         handle.shutdown()
 
 
-def _probe_replicas(handle, running: int, rounds: int = 5) -> dict[str, dict]:
+def _probe_replicas(handle, running: int, rounds: int = 5) -> dict[str, ReplicaInfo]:
     """Each running replica's `info()`, keyed by node:pid. A handle routes each call to some
     replica, the less busy of two; calls sent together spread out, so a few rounds find all."""
-    seen: dict[str, dict] = {}
+    from hbmserve.deployments.records_store import read_replica_info
+
+    seen: dict[str, ReplicaInfo] = {}
     for _ in range(rounds):
         for response in [handle.info.remote() for _ in range(min(2 * running, 64))]:
-            info = response.result(timeout_s=10)
-            seen[f"{info['node_id'][:8]}:{info['pid']}"] = info
+            info = read_replica_info(response.result(timeout_s=10))
+            seen[f"{info.node_id[:8]}:{info.pid}"] = info
         if len(seen) >= running:
             break
     return seen
 
 
 def status() -> list[ModelStatus]:
+    """Every application's state; a malformed record read back is a ClusterError naming it."""
+    try:
+        return _status()
+    except RecordError as err:
+        raise ClusterError(str(err)) from None
+
+
+def _status() -> list[ModelStatus]:
     import logging
 
     from ray import serve
 
-    from hbmserve.deployments.decision_log import latest_decision
+    from hbmserve.deployments.records_store import latest_decision, read_gate_info
 
     # The handle's router warns each time a busy replica answers its queue-length probe late
     # (routinely, with tens of replicas on two cores); status only reads counters.
@@ -231,27 +252,25 @@ def status() -> list[ModelStatus]:
     out = []
     for name, app in serve.status().applications.items():
         replicas: dict[str, int] = {}
-        seen: dict[str, dict] = {}
-        gate = None
+        seen: dict[str, ReplicaInfo] = {}
+        gate: GateInfo | None = None
         # A planned model has a deployment per replica (deployments/placed_app.py): probe each.
         for dep_name, dep in app.deployments.items():
             states = {str(getattr(state, "value", state)): n for state, n in dep.replica_states.items()}
             if dep_name.startswith("gate-"):
                 if states.get("RUNNING", 0):
                     with _closing(serve.get_deployment_handle(dep_name, app_name=name)) as handle:
-                        gate = handle.info.remote().result(timeout_s=10)
+                        gate = read_gate_info(handle.info.remote().result(timeout_s=10))
                 continue
             for state, n in states.items():
                 replicas[state] = replicas.get(state, 0) + n
             if states.get("RUNNING", 0):
                 with _closing(serve.get_deployment_handle(dep_name, app_name=name)) as handle:
                     seen |= _probe_replicas(handle, states["RUNNING"])
-        stats = tuple(ReplicaStats(key, i["url"], i["accepted"], i["rejected"], i["in_flight"],
-                                   i.get("role", "active"), i.get("placement"))
-                      for key, i in sorted(seen.items()))
+        stats = tuple(ReplicaStats.of(key, i) for key, i in sorted(seen.items()))
         decisions = [d for d in (latest_decision(name, dep) for dep in app.deployments) if d]
         out.append(ModelStatus(name, str(getattr(app.status, "value", app.status)), replicas,
-                               tuple(sorted({s.url for s in stats} | ({gate["url"]} if gate else set()))),
+                               tuple(sorted({s.url for s in stats} | ({gate.url} if gate else set()))),
                                app.message, stats,
                                decisions[0] if decisions else None, gate))
     return out

@@ -10,7 +10,7 @@ Three pieces, all thin:
 * `HbmServeAutoscalingPolicy`: the callable Serve instantiates with `policy_kwargs` (the
   AutoscaleConfig fields) and calls as `(AutoscalingContext) -> (target_replicas, policy_state)`.
   Serve replicas = active target + hot standbys. Which replicas are active is decided here
-  (roles.py) and published with the decision (decision_log.py); replicas follow it, binding
+  (roles.py) and published with the decision (records_store.py); replicas follow it, binding
   or releasing the model's port, so a standby gets no traffic until promoted. Warm and cold
   pool targets travel in the decision record for a node-pool executor (none yet: KubeRay's
   autoscaler provisions nodes), and every decision is logged with its reason.
@@ -32,11 +32,12 @@ import time
 from dataclasses import asdict
 from typing import Any, Collection, Iterable
 
-from hbmserve.deployments.decision_log import DecisionLog, held_at_ingress
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
 from hbmserve.autoscale.roles import age_order, assign_roles, current_active
 from hbmserve.autoscale.signals import p95
+from hbmserve.core.records import DecisionRecord, RecordError
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot, Tier
+from hbmserve.deployments.records_store import DecisionLog, held_at_ingress
 
 STAT_WAITING = "hbm_waiting"
 STAT_RUNNING = "hbm_running"
@@ -172,17 +173,31 @@ def decide_from_context(ctx: Any, config: AutoscaleConfig,
     policy_state = dict(prior_state)
     policy_state[POLICY_STATE_KEY] = state.to_dict()
     policy_state[ROLES_KEY] = {"order": list(assignment.order), "active": list(assignment.active)}
-    policy_state[DECISION_KEY] = {
-        "at": snapshot.now,
-        "target_active": decision.target_active,
-        "target_standby": {t.value: n for t, n in decision.target_standby.items()},
-        "active_replicas": list(assignment.active),
-        "standby_replicas": list(assignment.standby),
-        "held_at_ingress": held_at_ingress,
-        "startup_s": {t.value: v for t, v in config.startup_s.items()},
-        "reason": reason,
-    }
-    return serve_target(decision.target_active, decision.target_standby), policy_state
+    record = DecisionRecord(
+        at=snapshot.now,
+        target_active=decision.target_active,
+        target_standby=dict(decision.target_standby),
+        active_replicas=tuple(assignment.active),
+        standby_replicas=tuple(assignment.standby),
+        held_at_ingress=held_at_ingress,
+        startup_s=dict(config.startup_s),
+        reason=reason,
+        serve_target=serve_target(decision.target_active, decision.target_standby),
+    )
+    # Serve keeps policy_state between calls and wants plain data: the record's JSON form.
+    policy_state[DECISION_KEY] = record.to_dict()
+    return record.serve_target, policy_state
+
+
+def decision_in(policy_state: dict[str, Any] | None) -> DecisionRecord | None:
+    """The decision record `decide_from_context` left in a policy_state, typed."""
+    raw = (policy_state or {}).get(DECISION_KEY)
+    return DecisionRecord.from_dict(raw, source="Serve policy_state") if raw else None
+
+
+def _plan(decision: DecisionRecord) -> tuple:
+    """What a decision changes in the cluster; a new plan is logged, a repeated one is not."""
+    return decision.target_active, dict(decision.target_standby), decision.active_replicas
 
 
 class HbmServeAutoscalingPolicy:
@@ -197,16 +212,17 @@ class HbmServeAutoscalingPolicy:
         app, deployment = getattr(ctx, "app_name", None), getattr(ctx, "deployment_name", "?")
         held = held_at_ingress(app, deployment)
         target, policy_state = decide_from_context(ctx, self.config, held)
-        previous = (ctx.policy_state or {}).get(DECISION_KEY) or {}
-        decision = policy_state[DECISION_KEY]
-        changed = [k for k in ("target_active", "target_standby", "active_replicas")
-                   if previous.get(k) != decision[k]]
-        if changed:
+        decision = decision_in(policy_state)
+        try:
+            previous = decision_in(ctx.policy_state)
+        except RecordError:  # left by another hbmserve version: only the log line depends on it
+            previous = None
+        if previous is None or _plan(previous) != _plan(decision):
             self._log.info("hbmserve autoscale %s: serve replicas %d; %s", deployment, target,
-                           decision["reason"])
+                           decision.reason)
         # The replicas follow `active_replicas` from this record: publish every tick, so a
         # restarted replica or controller converges without waiting for a change.
-        self._decisions.publish(app, deployment, target, decision)
+        self._decisions.publish(app, deployment, decision)
         return target, policy_state
 
 

@@ -8,7 +8,7 @@ listen and clients would get "connection refused". A model whose `autoscaling.mi
   leaves the port to the replicas a moment after one is assigned (replicas bind within one
   role poll, serve_app.ROLE_POLL_S).
 * `/v1/models` is answered from the config, so clients still see the model while it sleeps.
-* A generation request is held: the count goes to the autoscaling policy (decision_log.
+* A generation request is held: the count goes to the autoscaling policy (records_store.
   publish_held -> Snapshot.pending_at_ingress), which scales up from zero at once. When an
   active replica is up, the request is forwarded to that replica's private address (never to
   the shared port, which could be the gate itself) and streamed back.
@@ -28,8 +28,12 @@ import os
 import time
 
 from hbmserve.core.config import ModelSpec
+from hbmserve.core.records import GateInfo
+from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters, json_response, openai_error
+from hbmserve.deployments.records_store import (info_reply, latest_decision, publish_held,
+                                                 read_replica_info)
 from hbmserve.deployments.replica_http import AsgiListener
 
 log = logging.getLogger("hbmserve.gate")
@@ -71,10 +75,8 @@ class ModelGate:
 
     # -- following the policy -------------------------------------------------------------
     def _read_active(self) -> list[str]:
-        from hbmserve.deployments.decision_log import latest_decision
-
         decision = latest_decision(self.app_name, self.engine_deployment)
-        return list(decision.get("active_replicas", ())) if decision else []
+        return list(decision.active_replicas) if decision else []
 
     async def _sync(self) -> None:
         active = await asyncio.to_thread(self._read_active)
@@ -101,8 +103,6 @@ class ModelGate:
                 log.warning("gate could not read the autoscaler's decision", exc_info=True)
 
     def _publish_held(self) -> None:
-        from hbmserve.deployments.decision_log import publish_held
-
         publish_held(self.app_name, self.engine_deployment, self.held)
 
     async def _replica_url(self) -> str | None:
@@ -114,10 +114,10 @@ class ModelGate:
             return None
         # The handle picks a running replica (active or standby); ask until an active one answers.
         with contextlib.suppress(asyncio.TimeoutError):
-            info = await asyncio.wait_for(self.engine.info.remote(), timeout=2.0)
-            if info["role"] == "active" and info["private_url"]:
-                self._urls[info["replica"]] = info["private_url"]
-                return info["private_url"]
+            info = read_replica_info(await asyncio.wait_for(self.engine.info.remote(), timeout=2.0))
+            if info.role is ReplicaState.ACTIVE and info.private_url:
+                self._urls[info.replica] = info.private_url
+                return info.private_url
         return None
 
     # -- HTTP -----------------------------------------------------------------------------
@@ -190,9 +190,10 @@ class ModelGate:
 
     # -- Serve ------------------------------------------------------------------------------
     async def info(self) -> dict:
-        return {"model": self.model.name, "url": self.url, "gate": True, "listening": self.listener.serving,
-                "held": self.held, "accepted": self.counters.accepted, "rejected": self.counters.rejected,
-                "active_replicas": len(self._active)}
+        """A GateInfo as plain data (records_store.read_gate_info types it again)."""
+        return info_reply(GateInfo(model=self.model.name, url=self.url, listening=self.listener.serving,
+                                   held=self.held, accepted=self.counters.accepted,
+                                   rejected=self.counters.rejected, active_replica_count=len(self._active)))
 
     async def __del__(self) -> None:
         self._watch.cancel()

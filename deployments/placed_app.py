@@ -9,19 +9,23 @@ the model's one shared port (SO_REUSEPORT), so the endpoint is the same as witho
 
 A started replica checks where its bundles landed (placement/ray_observe.py), compares that
 with its plan (placement/verification.py), logs a warning with the extra all-reduce cost when a
-TP group crossed an island or node, and reports `placement` in `info()`.
+TP group crossed an island or node, and reports a `PlacementReport` in `info()`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Sequence
 
 from hbmserve.core.config import EngineKind, ModelSpec
+from hbmserve.core.records import PlacementReport, ReplicaInfo
 from hbmserve.deployments.serve_app import EngineReplica, actor_options
 from hbmserve.placement.plan_types import PlacementPlan, PlacementRequest
 from hbmserve.placement.planner import plan
 from hbmserve.placement.ray_adapter import PlacementGroupSpec, placement_group_specs
 from hbmserve.placement.topology import ClusterTopology, GpuRef
+from hbmserve.placement.verification import RankReport, VerificationResult, verify_replica
 
 log = logging.getLogger("hbmserve.replica")
 
@@ -78,6 +82,15 @@ def deployment_options(model: ModelSpec, pg: PlacementGroupSpec) -> dict:
     }
 
 
+def placement_report(verification: VerificationResult, reports: Sequence[RankReport]) -> PlacementReport:
+    """What a planned replica reports in `info()`: the verification's status form (checked once,
+    here, at start) plus where each rank was observed."""
+    observed = [{"rank": r.rank, "node": r.node, "gpu": r.gpu_index if r.gpu_index is not None else r.gpu_uuid}
+                for r in reports]
+    return PlacementReport.from_dict(verification.to_status_dict() | {"observed": observed},
+                                     source="placement verification")
+
+
 class PlacedEngineReplica(EngineReplica):
     """An EngineReplica that knows its planned placement and verifies it on start.
 
@@ -88,14 +101,12 @@ class PlacedEngineReplica(EngineReplica):
     async def __init__(self, model_json: str, host: str, port: int, api_key_env: str | None,
                      result: PlacementPlan, topology: ClusterTopology, pg: PlacementGroupSpec, *peers) -> None:
         from hbmserve.placement.ray_observe import observe_ranks
-        from hbmserve.placement.verification import verify_replica
 
         model = ModelSpec.model_validate_json(model_json)
         # Before the engine starts: the probes borrow each bundle's GPU for a moment.
         reports = await observe_ranks(pg, actor_holds_bundle_0_gpu=_actor_holds_gpu(model))
         self.verification = verify_replica(result, pg.replica, reports, topology)
-        self.observed = [{"rank": r.rank, "node": r.node, "gpu": r.gpu_index if r.gpu_index is not None else r.gpu_uuid}
-                         for r in reports]
+        self.placement = placement_report(self.verification, reports)
         self._record_metrics(deployment_name(model, pg.replica))
         await super().__init__(model_json, host, port, api_key_env)
 
@@ -106,10 +117,8 @@ class PlacedEngineReplica(EngineReplica):
         publish_verification_metrics(deployment, self.verification)
         log_verification(self.verification, log, deployment)
 
-    async def info(self) -> dict:
-        placement = self.verification.to_status_dict() | {"observed": self.observed}
-        return await super().info() | {"placement_verified": self.verification.placement_verified,
-                                       "placement": placement}
+    def _replica_info(self) -> ReplicaInfo:
+        return dataclasses.replace(super()._replica_info(), placement=self.placement)
 
 
 def build_placed_app(host: str, api_key_env: str | None, model: ModelSpec, port: int,

@@ -2,7 +2,8 @@
 
 Serve owns the replicas' lifecycle (placement, health checks, restarts, scaling); the data path
 goes straight to the replica's HTTP server (see vllm_server.py for why). Engines are chosen
-through ENGINE_SERVERS, a registry keyed by `EngineKind`.
+through ENGINE_SERVERS, a registry keyed by `EngineKind`, of factories that build an
+`EngineServer` (engine_server.py: the contract every engine server meets).
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import time
 from typing import Callable
 
 from hbmserve.core.config import ClusterSpec, EngineKind, ModelSpec
+from hbmserve.core.records import ReplicaInfo
+from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import vllm_launch
+from hbmserve.deployments.engine_server import EngineServer
+from hbmserve.deployments.records_store import info_reply, latest_decision
 
 log = logging.getLogger("hbmserve.replica")
 
@@ -29,21 +34,22 @@ def _budget(model: ModelSpec) -> AdmissionBudget:
     return AdmissionBudget(max_in_flight=model.engine_settings.max_num_seqs * QUEUE_SLOTS_PER_SEQ)
 
 
-def _vllm_server(model: ModelSpec, host: str, port: int, api_keys: frozenset[str]):
+def _vllm_server(model: ModelSpec, host: str, port: int, api_keys: frozenset[str]) -> EngineServer:
     from hbmserve.deployments.vllm_server import VLLMHttpServer
 
     return VLLMHttpServer(vllm_launch(model, host, port), _budget(model), api_keys)
 
 
-def _sim_server(model: ModelSpec, host: str, port: int, api_keys: frozenset[str]):
+def _sim_server(model: ModelSpec, host: str, port: int, api_keys: frozenset[str]) -> EngineServer:
     from hbmserve.deployments.sim_server import SimHttpServer
 
     return SimHttpServer(model, host, port, _budget(model), api_keys)
 
 
-# Every engine server has the same interface: `await start() -> url`, `await stop()`,
-# `healthy()`, `counters` (LoadCounters), `engine_stats() -> EngineLoad`.
-ENGINE_SERVERS: dict[EngineKind, Callable] = {
+# (model, host, port, api_keys) -> a server not yet started. Building one is cheap: the engine
+# loads in `start()`.
+EngineServerFactory = Callable[[ModelSpec, str, int, frozenset[str]], EngineServer]
+ENGINE_SERVERS: dict[EngineKind, EngineServerFactory] = {
     EngineKind.VLLM_CPU: _vllm_server,
     EngineKind.VLLM_GPU: _vllm_server,
     EngineKind.SIM: _sim_server,
@@ -67,7 +73,7 @@ class EngineReplica:
         self.host = host
         keys = os.environ.get(api_key_env, "") if api_key_env else ""
         api_keys = frozenset(k for k in keys.split(",") if k)
-        self.server = ENGINE_SERVERS[self.model.engine](self.model, host, port, api_keys)
+        self.server: EngineServer = ENGINE_SERVERS[self.model.engine](self.model, host, port, api_keys)
         self._roles: asyncio.Task | None = None
         started = time.monotonic()
         if self.model.autoscaling is None:
@@ -84,11 +90,9 @@ class EngineReplica:
 
     def _assigned_active(self) -> bool:
         """Blocking (Ray internal KV). Before the policy's first decision every replica serves."""
-        from hbmserve.deployments.decision_log import latest_decision
-
         app, deployment, me = self._me
         decision = latest_decision(app, deployment)
-        return decision is None or me in decision.get("active_replicas", ())
+        return decision is None or me in decision.active_replicas
 
     async def _follow_roles(self) -> None:
         listener = self.server.listener
@@ -117,7 +121,7 @@ class EngineReplica:
                                  ttft_samples_s=c.ttft_samples(now), tpot_samples_s=c.tpot_samples(now),
                                  arrival_rps=c.arrival_rate(now), load_s=self.load_s)
 
-    async def info(self) -> dict:
+    def _replica_info(self) -> ReplicaInfo:
         import ray
         from ray import serve
 
@@ -126,23 +130,28 @@ class EngineReplica:
         private = self.server.listener.private_url
         if private and self.host in ("0.0.0.0", "::"):
             private = private.replace(self.host, ray.util.get_node_ip_address(), 1)
-        return {
-            "model": self.model.name,
-            "engine": self.model.engine.value,
-            "url": self.url,
-            "private_url": private,
-            "role": "active" if self.server.listener.serving else "standby",
-            "replica": serve.get_replica_context().replica_id.unique_id,
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "pid": os.getpid(),
-            "in_flight": c.in_flight,
-            "engine_waiting": load.waiting,
-            "engine_running": load.running,
-            "kv_usage": load.kv_usage,
-            "accepted": c.accepted,
-            "rejected": c.rejected,
-            "healthy": self.server.healthy(),
-        }
+        return ReplicaInfo(
+            model=self.model.name,
+            engine=self.model.engine.value,
+            url=self.url,
+            private_url=private,
+            role=ReplicaState.ACTIVE if self.server.listener.serving else ReplicaState.STANDBY,
+            replica=serve.get_replica_context().replica_id.unique_id,
+            node_id=ray.get_runtime_context().get_node_id(),
+            pid=os.getpid(),
+            in_flight=c.in_flight,
+            engine_waiting=load.waiting,
+            engine_running=load.running,
+            kv_usage=load.kv_usage,
+            accepted=c.accepted,
+            rejected=c.rejected,
+            healthy=self.server.healthy(),
+            load_s=self.load_s,
+        )
+
+    async def info(self) -> dict:
+        """A ReplicaInfo as plain data (records_store.read_replica_info types it again)."""
+        return info_reply(self._replica_info())
 
     async def check_health(self) -> None:
         if not self.server.healthy():

@@ -1,7 +1,7 @@
 """The simulated engine (capacity/sim_engine.py) served over a small OpenAI-compatible HTTP app.
 
-`SimHttpServer` has the same interface as `VLLMHttpServer` (start/stop/healthy/counters/
-engine_stats) and the same data path: one FastAPI app behind `IngressMiddleware`, served by
+`SimHttpServer` meets the same `EngineServer` contract as `VLLMHttpServer` (engine_server.py)
+and has the same data path: one FastAPI app behind `IngressMiddleware`, served by
 uvicorn on the replica's event loop, on the model's shared port. Tokens arrive at the pace the
 performance model predicts for `sim.gpu` running `sim.model_config_name` at the model's TP/PP,
 `sim.speedup` times faster, so the real Serve control plane can run tens of "70B on H100"
@@ -180,7 +180,8 @@ async def _stream(reply: _Reply, first: int, tokens: AsyncIterator[int], include
 
 
 class SimHttpServer:
-    """A replica's simulated engine and its HTTP server; the engine is built in `start()`."""
+    """A replica's simulated engine and its HTTP server; the engine is built in `start()`.
+    An `EngineServer` (engine_server.py documents each method)."""
 
     def __init__(self, model: ModelSpec, host: str, port: int, budget: AdmissionBudget, api_keys: frozenset[str]):
         self.model = model

@@ -22,6 +22,9 @@ log = logging.getLogger("hbmserve.replica")
 
 
 class VLLMHttpServer:
+    """vLLM's engine and OpenAI app; an `EngineServer` (engine_server.py documents each method).
+    vLLM is imported only in `start()`: building one (or importing this module) loads nothing."""
+
     def __init__(self, launch: EngineLaunch, budget: AdmissionBudget, api_keys: frozenset[str]):
         self.launch = launch
         self.budget = budget

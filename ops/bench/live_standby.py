@@ -77,14 +77,14 @@ def _ttft(url: str, max_tokens: int) -> float:
 
 
 def _watch_second_active(app: str, dep: str, t0: float, stop: threading.Event, out: dict) -> None:
-    from hbmserve.deployments.decision_log import latest_decision
+    from hbmserve.deployments.records_store import latest_decision
 
     while not stop.is_set():
-        d = latest_decision(app, dep) or {}
-        if d.get("target_active", 0) >= 2 and "scale_up_s" not in out:
+        d = latest_decision(app, dep)
+        if d is not None and d.target_active >= 2 and "scale_up_s" not in out:
             out["scale_up_s"] = time.monotonic() - t0
-            out["reason"] = d.get("reason", "")
-        if len(d.get("active_replicas", ())) >= 2 and "second_active_s" not in out:
+            out["reason"] = d.reason
+        if d is not None and len(d.active_replicas) >= 2 and "second_active_s" not in out:
             out["second_active_s"] = time.monotonic() - t0
         time.sleep(0.1)
 

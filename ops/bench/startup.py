@@ -40,6 +40,8 @@ def _ray_rss(exclude: set[int]) -> int:
 def one_round(config: str | None) -> dict:
     from ray import serve
 
+    from hbmserve.deployments.records_store import read_replica_info
+
     spec = load_cluster_spec(config)
     rc.stop_local_head()
     t0 = time.monotonic()
@@ -50,13 +52,13 @@ def one_round(config: str | None) -> dict:
         t1 = time.monotonic()
         rc.deploy(spec)
         replica_s = time.monotonic() - t1
-        info = serve.get_app_handle(spec.models[0].name).info.remote().result(timeout_s=30)
-        replica = psutil.Process(info["pid"])
+        info = read_replica_info(serve.get_app_handle(spec.models[0].name).info.remote().result(timeout_s=30))
+        replica = psutil.Process(info.pid)
         tree = {q.pid for q in [replica, *replica.children(recursive=True)]}
         return {
             "head_start_s": head_s,
             "replica_start_s": replica_s,
-            "replica_rss_mib": _rss_tree(info["pid"]) / MIB,
+            "replica_rss_mib": _rss_tree(info.pid) / MIB,
             "ray_rss_mib": _ray_rss(tree | {psutil.Process().pid}) / MIB,
         }
     finally:

@@ -14,6 +14,7 @@ import pytest
 
 from hbmserve.deployments import autoscaling as sa
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
+from hbmserve.core.records import RecordError
 from hbmserve.core.scaling import ReplicaState, Tier
 
 ray_config = pytest.importorskip("ray.serve.config", reason="ray[serve] not installed")
@@ -104,7 +105,7 @@ def test_warm_start_up_is_what_the_replicas_measured():
     assert measured.startup_warm_s == 31.0  # median of 28 and 34
     assert (measured.startup_hot_s, measured.startup_cold_s) == (5.0, 180.0)
     _, state = sa.decide_from_context(ctx, cfg)
-    assert state[sa.DECISION_KEY]["startup_s"] == {"hot": 5.0, "warm": 31.0, "cold": 180.0}
+    assert sa.decision_in(state).startup_s == {Tier.HOT: 5.0, Tier.WARM: 31.0, Tier.COLD: 180.0}
     # A load faster than a promotion, or slower than a cold start, is kept inside those bounds.
     ctx.raw_metrics[sa.STAT_LOAD_S] = {r1: series((NOW - 5, 0.2))}
     assert sa.with_measured_startup(cfg, ctx).startup_warm_s == 5.0
@@ -117,10 +118,10 @@ def test_roles_travel_in_policy_state_and_the_decision_record():
     cfg = AutoscaleConfig(upscale_delay_s=0.0, hot_standby_max=0)
     prior = {sa.ROLES_KEY: {"order": ["r1", "r2"], "active": ["r1"]}}
     _, state = sa.decide_from_context(context(policy_state=prior, target=2), cfg, held_at_ingress=0)
-    record = state[sa.DECISION_KEY]
-    assert record["target_active"] >= 2
-    assert record["active_replicas"] == ["r1", "r2"] and record["standby_replicas"] == []
-    assert "promote 1 standby" in record["reason"]
+    record = sa.decision_in(state)
+    assert record.target_active >= 2
+    assert record.active_replicas == ("r1", "r2") and record.standby_replicas == ()
+    assert "promote 1 standby" in record.reason
     assert state[sa.ROLES_KEY] == {"order": ["r1", "r2"], "active": ["r1", "r2"]}
 
 
@@ -130,7 +131,9 @@ def test_decide_from_context_matches_decide_on_the_snapshot():
     target, state = sa.decide_from_context(ctx, cfg)
     expected, _ = decide(sa.snapshot_from_context(ctx, cfg.look_back_s), cfg, PolicyState())
     assert target == expected.target_active + expected.target_standby[Tier.HOT]
-    assert state[sa.DECISION_KEY]["reason"].startswith(expected.reason)
+    record = sa.decision_in(state)
+    assert record.reason.startswith(expected.reason)
+    assert record.serve_target == target and record.target_standby == expected.target_standby
     json.dumps(state)  # Serve keeps it between calls; it must stay plain data
 
 
@@ -141,11 +144,11 @@ def test_policy_state_carries_the_hysteresis_between_calls():
     # r2 is a standby (roles from an earlier decision).
     roles_only = {sa.ROLES_KEY: {"order": ["r1", "r2"], "active": ["r1"]}}
     _, state = sa.decide_from_context(context(policy_state=roles_only), cfg)
-    assert state[sa.DECISION_KEY]["target_active"] == 3
+    assert sa.decision_in(state).target_active == 3
     _, later = sa.decide_from_context(context(policy_state=state, now=NOW + 30), cfg)
-    assert later[sa.DECISION_KEY]["target_active"] == math.ceil(3.5 / 0.8)
+    assert sa.decision_in(later).target_active == math.ceil(3.5 / 0.8)
     _, amnesiac = sa.decide_from_context(context(policy_state=roles_only, now=NOW + 30), cfg)
-    assert amnesiac[sa.DECISION_KEY]["target_active"] == 3
+    assert sa.decision_in(amnesiac).target_active == 3
 
 
 def test_runs_inside_serves_own_policy_wrapper():
@@ -159,4 +162,14 @@ def test_runs_inside_serves_own_policy_wrapper():
     target, state = wrapped(ctx)
     ours, _ = sa.decide_from_context(context(config=serve_cfg), cfg)
     assert target == ours  # Serve's wrapper adds no delay and no factor on top
-    assert sa.DECISION_KEY in state
+    assert sa.decision_in(state).serve_target == ours
+
+
+def test_a_policy_state_from_another_version_is_read_with_a_clear_error_or_not_at_all():
+    assert sa.decision_in({}) is None and sa.decision_in(None) is None
+    with pytest.raises(RecordError, match="from Serve policy_state: .*field 'target_active': Input should be a valid integer"):
+        sa.decision_in({sa.DECISION_KEY: {"target_active": "many"}})
+    # The policy itself only logs from the previous record: a malformed one does not stop it.
+    policy = sa.HbmServeAutoscalingPolicy(upscale_delay_s=0.0)
+    target, state = policy(context(policy_state={sa.DECISION_KEY: {"target_active": "many"}}))
+    assert sa.decision_in(state).serve_target == target

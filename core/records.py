@@ -1,0 +1,187 @@
+"""The records one process hands to another, typed, each with one JSON form.
+
+* `DecisionRecord`: what the autoscaling policy (in Serve's controller) publishes per decision.
+  Read by the replicas (they bind the model's port only if listed active), a model's gate,
+  `hbmserve status` and the benchmarks.
+* `ReplicaInfo`: what an engine replica reports about itself (its `info()` over a Serve handle),
+  with a `PlacementReport` when the replica was placed by the planner. Read by `hbmserve status`,
+  `deploy` and a model's gate.
+* `GateInfo`: the same for a scale-to-zero model's gate.
+
+Frozen dataclasses inside; pydantic only at the edge, in `from_json`/`from_dict`, in strict
+mode (a string is not a number, `true` is not 1). Where the records travel (Ray's internal KV,
+Serve handle replies) is deployments/records_store.py's business; this module knows only shapes.
+
+Readers are version-tolerant, so a writer and a reader from different hbmserve versions (a
+rolling upgrade, a newer CLI against an older cluster) still understand each other:
+
+* fields the reader does not know are ignored (a newer writer added them);
+* fields added after a record's first version have defaults (an older writer lacks them);
+* anything else missing or mistyped raises `RecordError`, naming the record, where it came from
+  and the field, instead of a KeyError somewhere in a consumer.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, TypeVar
+
+from pydantic import TypeAdapter, ValidationError
+
+from hbmserve.core.scaling import ReplicaState, Tier
+
+R = TypeVar("R", bound="Record")
+
+
+class RecordError(ValueError):
+    """A record read back is not one this version understands; the message says which and why."""
+
+
+@functools.cache
+def _adapter(cls: type) -> TypeAdapter:
+    # Built on first use, not at import: a schema build costs milliseconds per type.
+    return TypeAdapter(cls)
+
+
+def _describe(err: ValidationError) -> str:
+    problems = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "missing":
+            problems.append(f"field '{where}' is missing")
+        elif e["type"] == "json_invalid":
+            problems.append(f"not valid JSON ({e['msg']})")
+        elif not where:
+            problems.append(f"{e['msg']}, got {type(e['input']).__name__}")
+        else:
+            problems.append(f"field '{where}': {e['msg']}, got {e['input']!r:.80}")
+    return "; ".join(problems)
+
+
+class Record:
+    """JSON round trip for the frozen dataclasses that subclass it (a mixin: no fields)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data: enums as their values, tuples as lists, fields in declared order."""
+        return _adapter(type(self)).dump_python(self, mode="json")
+
+    def to_json(self) -> str:
+        return _adapter(type(self)).dump_json(self).decode()
+
+    @classmethod
+    def from_json(cls: type[R], raw: str | bytes, source: str = "") -> R:
+        """Parse and check `raw`; `source` (e.g. the KV key) goes into the error message."""
+        try:
+            return _adapter(cls).validate_json(raw, strict=True)
+        except ValidationError as err:
+            where = f" from {source}" if source else ""
+            raise RecordError(f"malformed {cls.__name__}{where}: {_describe(err)}") from None
+
+    @classmethod
+    def from_dict(cls: type[R], data: Any, source: str = "") -> R:
+        """The same check for data already decoded (a Serve handle reply, Serve's policy_state).
+        Through JSON on purpose: one set of rules (strict JSON mode) for both ways in."""
+        try:
+            raw = json.dumps(data)
+        except (TypeError, ValueError) as err:
+            where = f" from {source}" if source else ""
+            raise RecordError(f"malformed {cls.__name__}{where}: not JSON data ({err})") from None
+        return cls.from_json(raw, source)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionRecord(Record):
+    """One autoscaling decision for one engine deployment, published on every policy tick."""
+
+    at: float  # the policy's clock at the decision (Serve's AutoscalingContext.current_time)
+    target_active: int  # replicas the policy wants serving traffic
+    # Replicas to keep ready per tier beyond the active ones: HOT are loaded engines Serve runs;
+    # WARM and COLD are for a node-pool executor (none yet).
+    target_standby: Mapping[Tier, int]
+    # Serve replica ids assigned traffic: a replica listens on the model's port only if listed.
+    active_replicas: tuple[str, ...]
+    standby_replicas: tuple[str, ...]  # running, engine loaded, out of rotation
+    # Requests the model's gate held when the policy decided (added with scale to zero).
+    held_at_ingress: int = 0
+    # Start-up seconds per tier the policy planned with; WARM is what the replicas measured.
+    # Added with measured start-up.
+    startup_s: Mapping[Tier, float] = field(default_factory=dict)
+    reason: str  # why, for people: the policy's reason and any role change
+    serve_target: int  # replicas asked of Serve: the active ones plus the hot standbys
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrossedGroup(Record):
+    """A TP group that did not land on the island its plan chose."""
+
+    stage: int  # pipeline stage
+    crossing: str  # placement/verification.py's Crossing value ("island", "node", ...)
+    planned_island: str
+    observed: tuple[str | None, ...]  # where each rank landed ("node:gpu"; None: unresolved)
+    extra_allreduce_us: float  # the all-reduce cost the crossing adds per step
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObservedRank(Record):
+    rank: int
+    node: str
+    gpu: int | str | None  # index when the probe could read it, else the GPU's UUID
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementReport(Record):
+    """A planned replica's check of where its ranks landed against its plan."""
+
+    replica: int  # index of the replica in the model's placement plan
+    placement_verified: bool  # every TP group sits where the plan put it
+    reason: str
+    crossed: tuple[CrossedGroup, ...]
+    expected_extra_allreduce_us: float
+    observed: tuple[ObservedRank, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaInfo(Record):
+    """What an engine replica reports about itself (deployments/serve_app.py `info()`)."""
+
+    model: str
+    engine: str  # the EngineKind value; a string so that a reader need not know every engine
+    url: str  # the model's shared endpoint (SO_REUSEPORT): the same for all its replicas
+    private_url: str | None  # this replica alone, for a gate's forwarding; None while not listening
+    role: ReplicaState  # ACTIVE listens on the shared port; STANDBY is loaded but out of rotation
+    replica: str  # Serve's replica id: what DecisionRecord.active_replicas lists
+    node_id: str  # Ray node id
+    pid: int
+    in_flight: int  # requests admitted and not finished
+    engine_waiting: int
+    engine_running: int
+    kv_usage: float  # 0..1
+    accepted: int  # since the replica started
+    rejected: int  # 429s since the replica started
+    healthy: bool
+    # Seconds from the replica's constructor to a loaded engine (added after the first version).
+    load_s: float | None = None
+    placement: PlacementReport | None = None  # planned replicas only (deployments/placed_app.py)
+
+    @property
+    def placement_verified(self) -> bool | None:
+        return None if self.placement is None else self.placement.placement_verified
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateInfo(Record):
+    """What a scale-to-zero model's gate (deployments/gate.py) reports about itself."""
+
+    model: str
+    url: str  # the model's shared endpoint, which the gate holds while no replica is active
+    # Marks a gate's answer: a scale-to-zero model's application ingress is its gate.
+    gate: Literal[True] = True
+    listening: bool  # on the shared port now (no active replica)
+    held: int  # requests waiting for a replica
+    accepted: int
+    rejected: int
+    # How many replicas the gate last saw assigned traffic: a count, where DecisionRecord's
+    # `active_replicas` is the list of ids (the gate's answer once reused that name for it).
+    active_replica_count: int = 0

@@ -1,0 +1,102 @@
+"""`hbmserve status` printed from typed records (no cluster: cluster.ray_cluster's readers are stubbed).
+
+The JSON form is a contract: tests/integration (conftest.model_status and the autoscale, sim
+and placement tests) read its keys, so the whole shape is pinned here.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from hbmserve.cli.serve import register
+from hbmserve.cluster import ray_cluster as rc
+from hbmserve.core.records import CrossedGroup, DecisionRecord, GateInfo, ObservedRank, PlacementReport, RecordError
+from hbmserve.core.scaling import ReplicaState, Tier
+
+URL = "http://127.0.0.1:18000"
+
+
+def models() -> list[rc.ModelStatus]:
+    decision = DecisionRecord(at=12.5, target_active=1, target_standby={Tier.HOT: 1}, active_replicas=("r-a",),
+                              standby_replicas=("r-b",), held_at_ingress=0,
+                              startup_s={Tier.HOT: 1.0, Tier.WARM: 3.2, Tier.COLD: 9.0},
+                              reason="steady; 1 hot standby", serve_target=2)
+    crossed = PlacementReport(replica=1, placement_verified=False, reason="stage 0 TP group crossed an island",
+                              crossed=(CrossedGroup(stage=0, crossing="island", planned_island="pairs-a/0",
+                                                    observed=("pairs-a:0", "pairs-a:2"), extra_allreduce_us=7.5),),
+                              expected_extra_allreduce_us=7.5,
+                              observed=(ObservedRank(rank=0, node="pairs-a", gpu=0),
+                                        ObservedRank(rank=1, node="pairs-a", gpu=2)))
+    return [rc.ModelStatus(
+        name="sleepy", app_status="RUNNING", replicas={"RUNNING": 2}, endpoints=(URL,), message="",
+        replica_stats=(rc.ReplicaStats("aaaaaaaa:11", URL, 7, 0, 1, ReplicaState.ACTIVE, crossed),
+                       rc.ReplicaStats("bbbbbbbb:12", URL, 0, 0, 0, ReplicaState.STANDBY)),
+        autoscale=decision,
+        gate=GateInfo(model="sleepy", url=URL, listening=False, held=0, accepted=3, rejected=0,
+                      active_replica_count=1))]
+
+
+@pytest.fixture
+def cli(monkeypatch):
+    monkeypatch.setattr(rc, "connect", lambda address: "127.0.0.1:6379")
+    monkeypatch.setattr(rc, "status", models)
+    monkeypatch.setattr(rc, "metrics_targets", lambda: ["127.0.0.1:8080"])
+    app = typer.Typer()
+    register(app)
+
+    def run(*args: str):
+        result = CliRunner().invoke(app, ["status", *args])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    return run
+
+
+def test_status_json_keeps_its_shape(cli):
+    printed = json.loads(cli("--json"))
+    assert printed == {"cluster": "127.0.0.1:6379", "metrics_targets": ["127.0.0.1:8080"], "models": [{
+        "name": "sleepy", "app_status": "RUNNING", "replicas": {"RUNNING": 2}, "endpoints": [URL], "message": "",
+        "replica_stats": [
+            {"replica": "aaaaaaaa:11", "url": URL, "accepted": 7, "rejected": 0, "in_flight": 1, "role": "active",
+             "placement": {"replica": 1, "placement_verified": False, "reason": "stage 0 TP group crossed an island",
+                           "crossed": [{"stage": 0, "crossing": "island", "planned_island": "pairs-a/0",
+                                        "observed": ["pairs-a:0", "pairs-a:2"], "extra_allreduce_us": 7.5}],
+                           "expected_extra_allreduce_us": 7.5,
+                           "observed": [{"rank": 0, "node": "pairs-a", "gpu": 0},
+                                        {"rank": 1, "node": "pairs-a", "gpu": 2}]}},
+            {"replica": "bbbbbbbb:12", "url": URL, "accepted": 0, "rejected": 0, "in_flight": 0, "role": "standby",
+             "placement": None}],
+        "autoscale": {"at": 12.5, "target_active": 1, "target_standby": {"hot": 1}, "active_replicas": ["r-a"],
+                      "standby_replicas": ["r-b"], "held_at_ingress": 0,
+                      "startup_s": {"hot": 1.0, "warm": 3.2, "cold": 9.0}, "reason": "steady; 1 hot standby",
+                      "serve_target": 2},
+        # `active_replica_count` was `active_replicas` (an int where the decision has a list).
+        "gate": {"model": "sleepy", "url": URL, "gate": True, "listening": False, "held": 0, "accepted": 3,
+                 "rejected": 0, "active_replica_count": 1}}]}
+
+
+def test_status_json_reads_back_into_the_same_records(cli):
+    (entry,) = json.loads(cli("--json"))["models"]
+    assert rc.ModelStatus.from_dict(entry) == models()[0]
+
+
+def test_status_text_is_printed_from_typed_fields(cli):
+    text = cli()
+    assert "sleepy autoscale -> 2 replicas: steady; 1 hot standby" in text
+    assert "scale-to-zero gate idle: replicas serve the port; holding 0 request(s)" in text
+    assert "placement verified on 0/1 replicas" in text
+    assert "stage 0 TP group crossed an island (expected extra all-reduce 7.5 us)" in text
+    assert "7 / 0 (standby)" in text
+
+
+def test_a_malformed_record_is_a_cluster_error_the_cli_prints(monkeypatch):
+    def broken():
+        raise RecordError("malformed DecisionRecord from Ray KV hbmserve/autoscale/a/e: field 'reason' is missing")
+
+    monkeypatch.setattr(rc, "_status", broken)
+    with pytest.raises(rc.ClusterError, match="field 'reason' is missing"):
+        rc.status()
