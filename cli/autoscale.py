@@ -47,7 +47,7 @@ def evaluate_cmd(
     policy: Annotated[str, typer.Option("--policy", help="hbmserve, ray-default, static-peak, "
                                         "queue-threshold, or all (side by side)")],
     config: Annotated[Optional[Path], typer.Option("--config", help="cluster YAML; default: the "
-                                                   "reference cluster (autoscale/data/"
+                                                   "reference cluster (sim/data/"
                                                    "reference_cluster.yaml)")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="model in the config "
                                                  "(default: first)")] = None,

@@ -1,8 +1,9 @@
 """The request router as a pure function: rank replicas for one request.
 
-Both drivers call `choose`: the live Ray Serve request router (with loads from the replicas'
-routing stats) and the capacity simulator (with loads from its simulated engines). Only ACTIVE
-replicas are eligible; STARTING, STANDBY and DRAINING ones never receive new requests.
+The simulator (sim/cluster_sim.py) calls `choose` with loads from its simulated engines. Live
+traffic does not go through it yet: replicas of a model share one port and the kernel spreads
+connections (SO_REUSEPORT); the front-door ingress is where the live system will call it. Only
+ACTIVE replicas are eligible; STARTING, STANDBY and DRAINING ones never receive new requests.
 
 Ranking is least-loaded by (waiting, running, kv_usage). When the request carries a prefix hash
 and some replica has that prefix cached, the least-loaded such replica goes first, unless its
