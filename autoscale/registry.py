@@ -1,7 +1,8 @@
-"""Policies by name, each built from one cluster-level spec so that runs compare like for like.
+"""Policies by name. Each baseline's config is derived from hbmserve's own AutoscaleConfig for
+the model (autoscale/config.py, the one builder), so runs compare like for like:
 
     entry = POLICIES["hbmserve"]
-    config = entry.make_config(spec)
+    config = entry.make_config(autoscale_config_for(model), peak_rps)
     state = entry.initial_state()
     decision, state = entry.decide(snapshot, config, state)
 """
@@ -24,70 +25,37 @@ from hbmserve.autoscale.baselines import (
     static_peak_decide,
 )
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
-from hbmserve.core.scaling import Tier
 
 
-@dataclass(frozen=True)
-class ScalingSpec:
-    """What every policy is told about the cluster and the SLO (the issue's reference
-    cluster by default: 70B-shaped model on H100 TP=4, 1 to 16 replicas)."""
-
-    min_replicas: int = 1
-    max_replicas: int = 16
-    ttft_p95_target_s: float = 2.0
-    tpot_p95_target_s: float | None = 0.1  # None: TPOT is no scaling signal
-    target_queue_per_replica: float = 4.0
-    replica_capacity_rps: float = 1.0  # measured per replica at the SLO
-    target_utilization: float = 0.8
-    startup_hot_s: float = 5.0
-    startup_warm_s: float = 45.0
-    startup_cold_s: float = 180.0
-    # Peak arrival rate of the trace (rps, over the evaluation's window); static-peak only.
-    # None: static-peak holds max_replicas.
-    peak_rps: float | None = None
-
-    @property
-    def startup_s(self) -> dict[Tier, float]:
-        return {Tier.HOT: self.startup_hot_s, Tier.WARM: self.startup_warm_s,
-                Tier.COLD: self.startup_cold_s}
+def hbmserve_config(config: AutoscaleConfig, peak_rps: float | None = None) -> AutoscaleConfig:
+    return config
 
 
-def hbmserve_config(spec: ScalingSpec) -> AutoscaleConfig:
-    return AutoscaleConfig(
-        min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
-        ttft_p95_target_s=spec.ttft_p95_target_s,
-        tpot_p95_target_s=spec.tpot_p95_target_s,
-        target_queue_per_replica=spec.target_queue_per_replica,
-        replica_capacity_rps=spec.replica_capacity_rps,
-        target_utilization=spec.target_utilization,
-        downscale_utilization=spec.target_utilization * 0.875,  # 0.7 at the default 0.8
-        startup_hot_s=spec.startup_hot_s, startup_warm_s=spec.startup_warm_s,
-        startup_cold_s=spec.startup_cold_s,
-    )
-
-
-def ray_default_config(spec: ScalingSpec) -> RayDefaultConfig:
+def ray_default_config(config: AutoscaleConfig, peak_rps: float | None = None) -> RayDefaultConfig:
     # Only the bounds come from the cluster: everything else is Ray's default.
-    return RayDefaultConfig(min_replicas=spec.min_replicas, max_replicas=spec.max_replicas)
+    return RayDefaultConfig(min_replicas=config.min_replicas, max_replicas=config.max_replicas)
 
 
-def static_peak_config(spec: ScalingSpec) -> StaticPeakConfig:
-    if spec.peak_rps is None:
-        return StaticPeakConfig(replicas=spec.max_replicas)
+def static_peak_config(config: AutoscaleConfig, peak_rps: float | None = None) -> StaticPeakConfig:
+    """`peak_rps`: the trace's peak arrival rate; None holds max_replicas."""
+    if peak_rps is None:
+        return StaticPeakConfig(replicas=config.max_replicas)
     # Same utilisation target as hbmserve's, so both aim at the same headroom.
-    need = math.ceil(spec.peak_rps / (spec.replica_capacity_rps * spec.target_utilization))
-    return StaticPeakConfig(replicas=max(spec.min_replicas, min(spec.max_replicas, max(need, 1))))
+    need = math.ceil(peak_rps / (config.replica_capacity_rps * config.target_utilization))
+    return StaticPeakConfig(replicas=max(config.min_replicas, min(config.max_replicas, max(need, 1))))
 
 
-def queue_threshold_config(spec: ScalingSpec) -> QueueThresholdConfig:
-    return QueueThresholdConfig(min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
-                                scale_up_queue=spec.target_queue_per_replica)
+def queue_threshold_config(config: AutoscaleConfig,
+                           peak_rps: float | None = None) -> QueueThresholdConfig:
+    return QueueThresholdConfig(min_replicas=config.min_replicas, max_replicas=config.max_replicas,
+                                scale_up_queue=config.target_queue_per_replica)
 
 
 @dataclass(frozen=True)
 class PolicyEntry:
     decide: Callable[..., tuple[Any, Any]]
-    make_config: Callable[[ScalingSpec], Any]
+    # (hbmserve's AutoscaleConfig for the model, the trace's peak rps or None) -> this policy's config
+    make_config: Callable[[AutoscaleConfig, float | None], Any]
     initial_state: Callable[[], Any]
 
 

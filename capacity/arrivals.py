@@ -152,14 +152,3 @@ def gamma_arrivals(rate_rps: float, duration_s: float, cv: float = 1.0, prompt_t
     t = t[t < duration_s]
     n = len(t)
     return Arrivals(t, _lengths(rng, n, prompt_tokens, length_cv), _lengths(rng, n, output_tokens, length_cv))
-
-
-def poisson_arrivals(rate_rps: float, duration_s: float, prompt_tokens: float = 1000,
-                     output_tokens: float = 200, length_cv: float = 0.0, seed: int = 0) -> Arrivals:
-    return gamma_arrivals(rate_rps, duration_s, 1.0, prompt_tokens, output_tokens, length_cv, seed)
-
-
-def closed_loop_lengths(n: int, prompt_tokens: int, output_tokens: int) -> Arrivals:
-    """n identical requests all at t=0 (a closed-loop driver releases them as clients free up)."""
-    return Arrivals(np.zeros(n), np.full(n, prompt_tokens, dtype=np.int64),
-                    np.full(n, output_tokens, dtype=np.int64))

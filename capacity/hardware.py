@@ -99,7 +99,7 @@ class GpuProfile:
 
 # ---- file schema (edge) -------------------------------------------------------------------------
 
-Pos = Annotated[float, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
 NonNeg = Annotated[float, Field(ge=0)]
 
 
@@ -109,8 +109,8 @@ class _Strict(BaseModel):
 
 class _LinkFile(_Strict):
     kind: str
-    bw_gbps: Pos
-    collective_bw_gbps: Pos
+    bw_gbps: PositiveFloat
+    collective_bw_gbps: PositiveFloat
     latency_us: NonNeg
 
 
@@ -127,11 +127,11 @@ class _OverheadsFile(_Strict):
 
 class _GpuFile(_Strict):
     description: str
-    hbm_gb: Pos
-    hbm_bw_gbps: Pos
-    bf16_tflops: Pos
-    fp8_tflops: Pos | None = None
-    int8_tops: Pos | None = None
+    hbm_gb: PositiveFloat
+    hbm_bw_gbps: PositiveFloat
+    bf16_tflops: PositiveFloat
+    fp8_tflops: PositiveFloat | None = None
+    int8_tops: PositiveFloat | None = None
     gpus_per_node: Annotated[int, Field(ge=1)]
     intra_node: _LinkFile
     inter_node: _LinkFile
@@ -139,7 +139,7 @@ class _GpuFile(_Strict):
     efficiency: _EfficiencyFile
     overheads: _OverheadsFile
     reserve_gb: NonNeg
-    kv_cache_gb: Pos | None = None
+    kv_cache_gb: PositiveFloat | None = None
     usd_per_gpu_hour: NonNeg
 
 

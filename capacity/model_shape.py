@@ -139,25 +139,25 @@ def bytes_per_param(fmt: str) -> float:
 
 # ---- config.json (edge) -------------------------------------------------------------------------
 
-Pos = Annotated[int, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
 
 
 class _HFConfig(BaseModel):
     # HF configs carry many keys we do not need; only the named ones are validated.
     model_config = ConfigDict(extra="ignore")
-    num_hidden_layers: Pos
-    hidden_size: Pos
-    intermediate_size: Pos
-    num_attention_heads: Pos
-    num_key_value_heads: Pos | None = None
-    head_dim: Pos | None = None
-    vocab_size: Pos
+    num_hidden_layers: PositiveInt
+    hidden_size: PositiveInt
+    intermediate_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_key_value_heads: PositiveInt | None = None
+    head_dim: PositiveInt | None = None
+    vocab_size: PositiveInt
     tie_word_embeddings: bool = False
     attention_bias: bool | None = None
     model_type: str = "llama"
-    num_local_experts: Pos | None = None
-    num_experts_per_tok: Pos | None = None
-    max_position_embeddings: Pos = 4096
+    num_local_experts: PositiveInt | None = None
+    num_experts_per_tok: PositiveInt | None = None
+    max_position_embeddings: PositiveInt = 4096
     torch_dtype: str | None = None
     dtype: str | None = None  # newer transformers write `dtype` instead of `torch_dtype`
 

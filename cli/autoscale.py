@@ -47,7 +47,7 @@ def evaluate_cmd(
     policy: Annotated[str, typer.Option("--policy", help="hbmserve, ray-default, static-peak, "
                                         "queue-threshold, or all (side by side)")],
     config: Annotated[Optional[Path], typer.Option("--config", help="cluster YAML; default: the "
-                                                   "reference cluster (autoscale/data/"
+                                                   "reference cluster (sim/data/"
                                                    "reference_cluster.yaml)")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="model in the config "
                                                  "(default: first)")] = None,
@@ -60,9 +60,10 @@ def evaluate_cmd(
                                                   "(time-scaled) trace")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG of replicas vs "
                                                  "load over time, one panel per policy")] = None,
-    startup_hot: Annotated[float, typer.Option("--startup-hot", help="seconds")] = 5.0,
-    startup_warm: Annotated[float, typer.Option("--startup-warm", help="seconds")] = 45.0,
-    startup_cold: Annotated[float, typer.Option("--startup-cold", help="seconds")] = 180.0,
+    startup_hot: Annotated[Optional[float], typer.Option("--startup-hot", help="seconds; default: "
+                                                         "the config's autoscaling.startup_s")] = None,
+    startup_warm: Annotated[Optional[float], typer.Option("--startup-warm", help="seconds")] = None,
+    startup_cold: Annotated[Optional[float], typer.Option("--startup-cold", help="seconds")] = None,
     interval: Annotated[float, typer.Option("--decision-interval",
                                             help="policy period, seconds")] = 1.0,
     catalog: Annotated[Optional[Path], typer.Option("--catalog", help="hardware catalog "
@@ -75,24 +76,25 @@ def evaluate_cmd(
     from hbmserve.core.scaling import Tier
     from hbmserve.capacity.arrivals import read_trace
 
-    from hbmserve.sim.evaluate import TraceScaling, evaluate, load_eval_cluster, scale_trace, scaling_spec
+    from hbmserve.sim.evaluate import TraceScaling, eval_config, evaluate, load_eval_cluster, scale_trace
 
     names = list(POLICIES) if policy == ALL else [policy]
     if policy != ALL and policy not in POLICIES:
         raise _fail(f"--policy {policy!r}: not one of {', '.join(POLICIES)}, {ALL}")
     try:
-        startup = {Tier.HOT: startup_hot, Tier.WARM: startup_warm, Tier.COLD: startup_cold}
+        startup = {t: s for t, s in ((Tier.HOT, startup_hot), (Tier.WARM, startup_warm),
+                                     (Tier.COLD, startup_cold)) if s is not None}
         cluster = load_eval_cluster(config, model=model, startup_s=startup,
                                     decision_interval_s=interval, catalog=catalog)
         scaling = TraceScaling(time_scale, token_scale, clip)
         arr = scale_trace(read_trace(trace), scaling)
-        spec = scaling_spec(cluster, arr)
+        auto = eval_config(cluster, arr)
     except _user_errors() as err:
         raise _fail(str(err)) from None
     results, wall = [], {}
     for name in names:
         t0 = time.perf_counter()
-        results.append(evaluate(name, cluster, arr, spec))
+        results.append(evaluate(name, cluster, arr, auto))
         wall[name] = time.perf_counter() - t0
     if plot is not None:
         from hbmserve.sim.eval_plot import plot_replicas_vs_load
@@ -102,7 +104,7 @@ def evaluate_cmd(
                               f"TP{cluster.scenario.deployment.tp}")
     settings = {"trace": str(trace), "cluster": cluster.source, "model": cluster.model_name,
                 "time_scale": time_scale, "token_scale": token_scale, "clip_s": clip,
-                "startup_s": {t.value: s for t, s in startup.items()},
+                "startup_s": {t.value: s for t, s in auto.startup_s.items()},
                 "decision_interval_s": interval}
     if json_out:
         objs = {r.policy: {**r.to_json_dict(), "sim_wall_s": wall[r.policy]} for r in results}
@@ -127,11 +129,11 @@ def _print_table(results: list[Any], settings: dict[str, Any], n: int, span_s: f
     from rich.table import Table
 
     c = _console()
-    spec = results[0].spec
+    config, peak = results[0].config, results[0].peak_rps
     c.print(f"[bold]{settings['trace']}[/]: {n} requests over {span_s / 60:.1f} min "
             f"(time x{settings['time_scale']:g}, tokens x{settings['token_scale']:g}); "
-            f"{settings['model']} from {settings['cluster']}; {spec.replica_capacity_rps:.2f} "
-            f"req/s per replica at the SLO, peak {spec.peak_rps:.2f} req/s")
+            f"{settings['model']} from {settings['cluster']}; {config.replica_capacity_rps:.2f} "
+            f"req/s per replica at the SLO, peak {peak:.2f} req/s")
     t = Table("policy", "SLO attain.", "TTFT p95 s", "TPOT p95 ms", "GPU-h", "cost $",
               "replicas mean/peak", "scale actions (/h)", "dropped")
     for r in results:

@@ -24,15 +24,16 @@ def _fail(msg: str) -> typer.Exit:
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    from hbmserve.core.config import ConfigError
-
     from hbmserve.capacity.arrivals import TraceError
     from hbmserve.capacity.engine_core import EngineConfigError
     from hbmserve.capacity.hardware import CatalogError
     from hbmserve.capacity.model_shape import ModelConfigError
     from hbmserve.capacity.scenario import ScenarioError
+    from hbmserve.core.config import ConfigError
+    from hbmserve.sim.evaluate import EvalError
 
-    return (ConfigError, CatalogError, ModelConfigError, TraceError, ScenarioError, EngineConfigError)
+    return (ConfigError, CatalogError, ModelConfigError, TraceError, ScenarioError, EngineConfigError,
+            EvalError)
 
 
 def _arrivals(trace: Optional[Path], rate: Optional[float], duration: float, prompt: float, output: float,
@@ -61,46 +62,50 @@ def _fmt(v: float | None, scale: float = 1.0, digits: int = 3) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * scale:.{digits}f}"
 
 
-def _load_policy(ref: str, model_spec: Any, sc: Any, arr: Any, startup: dict) -> tuple[Any, Any]:
-    """A policy by registry name (hbmserve.autoscale.registry.POLICIES), or `module:factory` where
+def _load_policy(ref: str, model_spec: Any, sc: Any, arr: Any) -> tuple[Any, Any, dict]:
+    """(policy(snapshot, state), initial state, start-up seconds per tier) for a policy by
+    registry name (hbmserve.autoscale.registry.POLICIES), or `module:factory` where
     factory(model_spec) -> (policy(snapshot, state), initial_state)."""
     import importlib
 
     if ":" not in ref:
-        return _registry_policy(ref, model_spec, sc, arr, startup)
+        return _registry_policy(ref, model_spec, sc, arr)
     mod_name, _, attr = ref.partition(":")
     try:
         factory = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as err:
         raise _fail(f"--policy {ref}: {err}") from None
-    return factory(model_spec)
+    policy, state = factory(model_spec)
+    startup = model_spec.autoscaling.startup_s if model_spec.autoscaling else None
+    return policy, state, _startup_map(startup)
 
 
-def _registry_policy(name: str, m: Any, sc: Any, arr: Any, startup: dict) -> tuple[Any, Any]:
-    """Bind a registered policy to this config: bounds and queue target from `autoscaling`, the
-    TTFT target from `slo`, and replica capacity from the capacity model at that SLO."""
-    from hbmserve.autoscale.registry import POLICIES, ScalingSpec
+def _startup_map(startup: Any) -> dict:
+    from hbmserve.core.config import TierStartup
     from hbmserve.core.scaling import Tier
 
-    from hbmserve.capacity.perf_model import cost_model
-    from hbmserve.capacity.plan_analytic import EngineKnobs, capacity_rps
-    from hbmserve.sim.planner import workload_of
+    startup = startup or TierStartup()
+    return {Tier.HOT: startup.hot, Tier.WARM: startup.warm, Tier.COLD: startup.cold}
+
+
+def _registry_policy(name: str, m: Any, sc: Any, arr: Any) -> tuple[Any, Any, dict]:
+    """Bind a registered policy to this model with the config the live system would run
+    (autoscale/config.py); replica capacity from the capacity model for this trace when the
+    file does not state it."""
+    from hbmserve.autoscale.config import autoscale_config_for
+    from hbmserve.autoscale.registry import POLICIES
+    from hbmserve.sim.evaluate import estimate_capacity_rps
 
     entry = POLICIES.get(name)
     if entry is None:
         raise _fail(f"--policy {name!r}: not a registered policy ({', '.join(POLICIES)}) nor module:factory")
-    e = sc.engine
-    knobs = EngineKnobs(e.max_num_seqs, e.max_num_batched_tokens, e.enable_chunked_prefill,
-                        e.num_blocks * e.block_size)
-    cap, _ = capacity_rps(cost_model(sc.deployment), knobs, workload_of(arr), sc.slo_ttft_s, sc.slo_tpot_s)
-    auto = m.autoscaling
-    spec = ScalingSpec(
-        min_replicas=auto.min_replicas if auto else m.replicas, max_replicas=auto.max_replicas if auto else m.replicas,
-        ttft_p95_target_s=sc.slo_ttft_s, target_queue_per_replica=auto.target_queue_per_replica if auto else 4.0,
-        replica_capacity_rps=max(cap, 1e-3), startup_hot_s=startup[Tier.HOT], startup_warm_s=startup[Tier.WARM],
-        startup_cold_s=startup[Tier.COLD], peak_rps=arr.rate_peak())
-    cfg = entry.make_config(spec)
-    return (lambda snapshot, state: entry.decide(snapshot, cfg, state)), entry.initial_state()
+    if m.autoscaling is None:
+        raise _fail(f"models.{m.name}.autoscaling: missing; --policy {name} needs min_replicas and "
+                    f"max_replicas")
+    config = autoscale_config_for(m, estimate_capacity_rps(sc, arr, m.name))
+    cfg = entry.make_config(config, arr.rate_peak())
+    return (lambda snapshot, state: entry.decide(snapshot, cfg, state)), entry.initial_state(), \
+        config.startup_s
 
 
 def simulate_cmd(
@@ -126,9 +131,10 @@ def simulate_cmd(
                                                   "(hbmserve, ray-default, static-peak, queue-threshold) or "
                                                   "module:factory returning (policy, state)")] = None,
     interval: Annotated[float, typer.Option("--decision-interval", help="policy period, seconds")] = 10.0,
-    startup_hot: Annotated[float, typer.Option("--startup-hot")] = 5.0,
-    startup_warm: Annotated[float, typer.Option("--startup-warm")] = 60.0,
-    startup_cold: Annotated[float, typer.Option("--startup-cold")] = 600.0,
+    startup_hot: Annotated[Optional[float], typer.Option("--startup-hot", help="seconds; default: the "
+                                                         "config's autoscaling.startup_s")] = None,
+    startup_warm: Annotated[Optional[float], typer.Option("--startup-warm")] = None,
+    startup_cold: Annotated[Optional[float], typer.Option("--startup-cold")] = None,
     catalog: Annotated[Optional[Path], typer.Option("--catalog", help="hardware catalog YAML")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write a time-series PNG")] = None,
     series: Annotated[Optional[Path], typer.Option("--series", help="write the per-second time series "
@@ -137,8 +143,9 @@ def simulate_cmd(
     """Replay a trace (or synthetic load) through a simulated cluster and report latency and cost."""
     import time
 
-    from hbmserve.core.scaling import Tier
     from hbmserve.core.config import load_cluster_spec
+    from hbmserve.core.scaling import Tier
+    from hbmserve.sim.evaluate import with_startup
 
     from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
     from hbmserve.capacity.hardware import load_catalog
@@ -149,6 +156,9 @@ def simulate_cmd(
         m = spec.model(model) if model else spec.models[0]
         if m is None:
             raise _fail(f"--model {model!r} is not in {config} ({', '.join(x.name for x in spec.models)})")
+        overrides = {t: s for t, s in ((Tier.HOT, startup_hot), (Tier.WARM, startup_warm),
+                                       (Tier.COLD, startup_cold)) if s is not None}
+        m = with_startup(m, overrides)
         sc = scenario_for(m, load_catalog(catalog), gpu, model_config, max_model_len)
         arr = _arrivals(trace, rate, duration, prompt_tokens, output_tokens, burstiness, seed, time_scale)
     except _user_errors() as err:
@@ -157,8 +167,10 @@ def simulate_cmd(
         arr = arr.clipped(sc.engine.max_model_len)
     binding = None
     if policy:
-        startup = {Tier.HOT: startup_hot, Tier.WARM: startup_warm, Tier.COLD: startup_cold}
-        pol, state = _load_policy(policy, m, sc, arr, startup)
+        try:
+            pol, state, startup = _load_policy(policy, m, sc, arr)
+        except _user_errors() as err:
+            raise _fail(str(err)) from None
         binding = PolicyBinding(pol, state, interval, startup_s=startup)
     cluster = SimCluster(sc.deployment, sc.engine, sc.replicas, SLOSpec(sc.slo_ttft_s, sc.slo_tpot_s),
                          sc.usd_per_gpu_hour)
@@ -310,6 +322,12 @@ def _print_plans(result: Any, top: int, model_name: str) -> None:
     c.print(result.why)
     if not result.feasible and result.plans:
         c.print(f"[red]blocked:[/] {result.plans[0].reason}")
+    if result.plans:
+        from hbmserve.sim.planner import AUTOSCALING_KEYS
+
+        section = result.plans[0].autoscaling().model_dump(include=AUTOSCALING_KEYS)
+        c.print("the first plan as the model's config section: autoscaling: "
+                + "{" + ", ".join(f"{k}: {v:g}" for k, v in section.items()) + "}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -96,7 +96,9 @@ class AutoscalingSpec(_Strict):
     min_replicas: Annotated[int, Field(ge=0)] = 1
     max_replicas: Annotated[int, Field(ge=1)] = 1
     target_queue_per_replica: Annotated[float, Field(gt=0)] = 4.0
-    # Requests/s one replica sustains inside the SLO; `hbmserve plan` estimates it.
+    # Requests/s one replica sustains inside the SLO; `hbmserve plan` estimates it. When the file
+    # leaves it out, `simulate` and `autoscale evaluate` estimate it from the trace they replay
+    # (the capacity model at the trace's lengths); the live system uses this default.
     replica_capacity_rps: Annotated[float, Field(gt=0)] = 1.0
     startup_s: TierStartup = TierStartup()
     upscale_delay_s: Annotated[float, Field(ge=0)] = 5.0
@@ -106,6 +108,10 @@ class AutoscalingSpec(_Strict):
     # Loaded replicas kept out of rotation, promoted in one port bind when load rises; the
     # policy sizes the pool between these bounds (autoscale/warm_pool.py), inside max_replicas.
     hot_standby: StandbyBounds = StandbyBounds()
+    # Nodes kept up with the weights on local NVMe but no engine (the warm tier). The policy
+    # sizes this pool and the simulator models it; live, nodes come from the cluster's node
+    # autoscaler, which hbmserve does not drive yet, so a live warm pool stays empty.
+    warm_pool: StandbyBounds = StandbyBounds(min=0, max=0)
     # min_replicas 0: how long the model's gate holds a request while the first replica
     # starts, before answering 503 + Retry-After.
     scale_from_zero_wait_s: Annotated[float, Field(gt=0)] = 120.0

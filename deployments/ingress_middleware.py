@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from hbmserve.routing.admission import AdmissionBudget, Reject, ReplicaLoad, admit
+from hbmserve.routing.admission import AdmissionBudget, Reject, AdmissionLoad, admit
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -105,7 +105,7 @@ class IngressMiddleware:
             return
         c = self.counters
         now = time.monotonic()
-        decision = admit(ReplicaLoad(c.in_flight, c.completion_rate(now)), self.budget)
+        decision = admit(AdmissionLoad(c.in_flight, c.completion_rate(now)), self.budget)
         if isinstance(decision, Reject):
             c.rejected += 1
             retry = [(b"retry-after", str(decision.retry_after_s).encode())]

@@ -111,8 +111,7 @@ class PlacedEngineReplica(EngineReplica):
         await super().__init__(model_json, host, port, api_key_env)
 
     def _record_metrics(self, deployment: str) -> None:
-        from hbmserve.placement.metrics import log_verification
-        from hbmserve.placement.ray_observe import publish_verification_metrics
+        from hbmserve.placement.ray_observe import log_verification, publish_verification_metrics
 
         publish_verification_metrics(deployment, self.verification)
         log_verification(self.verification, log, deployment)

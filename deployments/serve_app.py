@@ -207,7 +207,7 @@ def actor_options(model: ModelSpec) -> dict:
 
 def scaling_options(model: ModelSpec) -> dict:
     """Fixed `replicas`, or Serve autoscaling driven by hbmserve's policy (autoscale/)."""
-    from hbmserve.autoscale.from_spec import autoscale_config_for
+    from hbmserve.autoscale.config import autoscale_config_for
     from hbmserve.deployments.autoscaling import serve_autoscaling_config
 
     config = autoscale_config_for(model)

@@ -14,11 +14,12 @@ The comparison with the plan is the pure `verification.verify_replica`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 from hbmserve.placement.bootstrap import NODE_LABEL
 from hbmserve.placement.ray_adapter import PlacementGroupSpec
-from hbmserve.placement.verification import RankReport
+from hbmserve.placement.verification import RankReport, VerificationResult
 
 
 def _gpu_report(rank: int, node: str, ids: list[str] | None, visible: str | None = None) -> RankReport:
@@ -77,8 +78,15 @@ async def observe_ranks(spec: PlacementGroupSpec, actor_holds_bundle_0_gpu: bool
     return reports
 
 
-def publish_verification_metrics(deployment: str, result) -> None:
-    """The verification gauges (placement/metrics.py names) through Ray's metrics agent, which
+def log_verification(result: VerificationResult, logger: logging.Logger, deployment: str) -> None:
+    if result.warning is not None:
+        logger.warning("placement of %s: %s", deployment, result.warning)
+    else:
+        logger.info("placement of %s: %s", deployment, result.reason)
+
+
+def publish_verification_metrics(deployment: str, result: VerificationResult) -> None:
+    """The verification gauges through Ray's metrics agent, which
     Prometheus scrapes on every node; the replica itself has no metrics endpoint of its own."""
     from ray.util.metrics import Gauge
 

@@ -19,7 +19,7 @@ class AdmissionBudget:
 
 
 @dataclass(frozen=True)
-class ReplicaLoad:
+class AdmissionLoad:
     in_flight: int
     # Requests finished per second over the recent window; None before any finished.
     completion_rate_rps: float | None = None
@@ -36,7 +36,7 @@ class Reject:
     retry_after_s: int
 
 
-def admit(load: ReplicaLoad, budget: AdmissionBudget) -> Admit | Reject:
+def admit(load: AdmissionLoad, budget: AdmissionBudget) -> Admit | Reject:
     if load.in_flight < budget.max_in_flight:
         return Admit(reason=f"{load.in_flight + 1}/{budget.max_in_flight} in flight")
     excess = load.in_flight - budget.max_in_flight + 1

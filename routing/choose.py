@@ -1,8 +1,9 @@
 """The request router as a pure function: rank replicas for one request.
 
-Both drivers call `choose`: the live Ray Serve request router (with loads from the replicas'
-routing stats) and the capacity simulator (with loads from its simulated engines). Only ACTIVE
-replicas are eligible; STARTING, STANDBY and DRAINING ones never receive new requests.
+The simulator (sim/cluster_sim.py) calls `choose` with loads from its simulated engines. Live
+traffic does not go through it yet: replicas of a model share one port and the kernel spreads
+connections (SO_REUSEPORT); the front-door ingress is where the live system will call it. Only
+ACTIVE replicas are eligible; STARTING, STANDBY and DRAINING ones never receive new requests.
 
 Ranking is least-loaded by (waiting, running, kv_usage). When the request carries a prefix hash
 and some replica has that prefix cached, the least-loaded such replica goes first, unless its
@@ -12,36 +13,12 @@ saves one prefill, a long queue costs every request in it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
+from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest
 from hbmserve.core.scaling import ReplicaState
 
 DEFAULT_AFFINITY_SLACK = 4
-
-
-@dataclass(frozen=True)
-class ReplicaLoad:
-    replica_id: str
-    state: ReplicaState
-    waiting: int = 0
-    running: int = 0
-    kv_usage: float = 0.0
-    # Prefix hashes this replica holds in its prefix cache (read only; may be a live set view).
-    cached_prefixes: Set[int] = field(default_factory=frozenset)
-
-
-@dataclass(frozen=True)
-class RouteRequest:
-    prompt_tokens: int
-    max_tokens: int
-    prefix_hash: int | None = None
-
-
-@dataclass(frozen=True)
-class RouteDecision:
-    ranked: tuple[str, ...]  # best first; empty when no replica is eligible
-    reason: str
 
 
 def _load_key(r: ReplicaLoad) -> tuple[int, int, float, str]:

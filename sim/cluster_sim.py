@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
-from hbmserve.routing.choose import ReplicaLoad, RouteDecision, RouteRequest, choose
+from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest
+from hbmserve.routing.choose import choose
 
 from hbmserve.capacity.arrivals import Arrivals
 from hbmserve.capacity.engine_core import EngineConfig, EngineCore, Plan, SimRequest

@@ -2,13 +2,15 @@
 the loop - the very `decide` the live adapter calls, taken from the registry - and report SLO
 attainment, GPU-hours, dollars, scale actions and dropped requests.
 
-Every policy sees the same cluster, told to it through one `ScalingSpec`:
-  - bounds and queue target from the cluster file's `autoscaling`, TTFT and TPOT targets from
-    `slo`;
-  - per-replica capacity (requests/s at the SLO) from the capacity model for this trace's
-    request lengths (`capacity.plan_analytic.capacity_rps`);
-  - the trace's peak rate (busiest aligned minute), which only static-peak uses;
-  - start-up times per tier (reference: 5 s hot, 45 s warm, 180 s cold).
+Every policy sees the same cluster, told to it through the one AutoscaleConfig the live system
+would build for the model (autoscale/config.py `autoscale_config_for`), from which each
+baseline derives its own (autoscale/registry.py):
+  - bounds, queue target, pools, delays and start-up times from the cluster file's
+    `autoscaling`, TTFT and TPOT targets from `slo`;
+  - per-replica capacity (requests/s at the SLO): the file's `replica_capacity_rps` when it
+    states one, else the capacity model's for this trace's request lengths
+    (`capacity.plan_analytic.capacity_rps`);
+  - the trace's peak rate (busiest aligned minute), which only static-peak uses.
 
 Start: a live system was running before the trace began, so every policy starts with the
 replicas its own first decision asks for, and at least enough for the trace's first minute at
@@ -33,14 +35,16 @@ from typing import Any
 
 import numpy as np
 
-from hbmserve.autoscale.registry import POLICIES, PolicyEntry, ScalingSpec
-from hbmserve.core.scaling import Snapshot, Tier
+from hbmserve.autoscale.config import autoscale_config_for
+from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.registry import POLICIES, PolicyEntry
 from hbmserve.capacity.arrivals import Arrivals
 from hbmserve.capacity.scenario import Scenario
+from hbmserve.core.config import ModelSpec, TierStartup
+from hbmserve.core.scaling import Snapshot, Tier
 from hbmserve.sim.metrics import SimSummary
 
 REFERENCE_CLUSTER_FILE = "reference_cluster.yaml"
-REFERENCE_STARTUP_S: Mapping[Tier, float] = {Tier.HOT: 5.0, Tier.WARM: 45.0, Tier.COLD: 180.0}
 # Ray Serve's controller runs its autoscaling step every control-loop iteration (0.1 s); a 1 s
 # period keeps every policy's delays exact to a second at a small cost.
 DEFAULT_DECISION_INTERVAL_S = 1.0
@@ -85,14 +89,14 @@ def scale_trace(arr: Arrivals, scaling: TraceScaling) -> Arrivals:
 
 @dataclass(frozen=True)
 class EvalCluster:
-    model_name: str
+    model: ModelSpec  # with an `autoscaling` section
     scenario: Scenario
-    min_replicas: int
-    max_replicas: int
-    target_queue_per_replica: float
-    startup_s: Mapping[Tier, float] = field(default_factory=lambda: dict(REFERENCE_STARTUP_S))
     decision_interval_s: float = DEFAULT_DECISION_INTERVAL_S
     source: str = f"(embedded {REFERENCE_CLUSTER_FILE})"
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name
 
 
 def load_eval_cluster(path: str | os.PathLike[str] | None = None, *, model: str | None = None,
@@ -100,6 +104,7 @@ def load_eval_cluster(path: str | os.PathLike[str] | None = None, *, model: str 
                       decision_interval_s: float = DEFAULT_DECISION_INTERVAL_S,
                       catalog: str | os.PathLike[str] | None = None) -> EvalCluster:
     """The cluster file's model (first one unless `model` names another); None: the reference.
+    `startup_s` replaces the tiers it names in the model's `autoscaling.startup_s`.
 
     Raises the cluster/capacity modules' own errors (ConfigError, ScenarioError, ...) or
     EvalError, each a one-line message for the user."""
@@ -107,10 +112,6 @@ def load_eval_cluster(path: str | os.PathLike[str] | None = None, *, model: str 
     from hbmserve.capacity.scenario import scenario_for
     from hbmserve.core.config import load_cluster_spec
 
-    startup = dict(startup_s or REFERENCE_STARTUP_S)
-    hot, warm, cold = startup[Tier.HOT], startup[Tier.WARM], startup[Tier.COLD]
-    if not 0 <= hot <= warm <= cold:
-        raise EvalError(f"start-up times need 0 <= hot ({hot:g}) <= warm ({warm:g}) <= cold ({cold:g})")
     if not decision_interval_s > 0:
         raise EvalError(f"--decision-interval must be > 0, got {decision_interval_s}")
     if path is None:
@@ -127,43 +128,59 @@ def load_eval_cluster(path: str | os.PathLike[str] | None = None, *, model: str 
     if m.autoscaling is None:
         raise EvalError(f"models.{m.name}.autoscaling: missing; the evaluation needs "
                         "min_replicas and max_replicas")
-    return EvalCluster(m.name, scenario_for(m, load_catalog(catalog)), m.autoscaling.min_replicas,
-                       m.autoscaling.max_replicas, m.autoscaling.target_queue_per_replica,
-                       startup, decision_interval_s, source)
+    return EvalCluster(with_startup(m, startup_s), scenario_for(m, load_catalog(catalog)),
+                       decision_interval_s, source)
 
 
-def scaling_spec(cluster: EvalCluster, arr: Arrivals) -> ScalingSpec:
-    """What every policy is told: see the module docstring."""
+def with_startup(model: ModelSpec, startup_s: Mapping[Tier, float] | None) -> ModelSpec:
+    """`model` with the start-up tiers in `startup_s` replaced (command-line overrides)."""
+    if not startup_s or model.autoscaling is None:
+        return model
+    now = model.autoscaling.startup_s
+    values = {t.value: float(startup_s.get(t, getattr(now, t.value))) for t in Tier}
+    try:
+        startup = TierStartup(**values)
+    except ValueError:
+        raise EvalError("start-up times need 0 <= hot ({hot:g}) <= warm ({warm:g}) <= cold "
+                        "({cold:g})".format(**values)) from None
+    auto = model.autoscaling.model_copy(update={"startup_s": startup})
+    return model.model_copy(update={"autoscaling": auto})
+
+
+def estimate_capacity_rps(sc: Scenario, arr: Arrivals, model_name: str) -> float:
+    """Requests/s one replica of `sc` sustains at its SLO for the request lengths of `arr`."""
     from hbmserve.capacity.perf_model import cost_model
     from hbmserve.capacity.plan_analytic import EngineKnobs, capacity_rps
     from hbmserve.sim.planner import workload_of
 
-    sc = cluster.scenario
     e = sc.engine
     knobs = EngineKnobs(e.max_num_seqs, e.max_num_batched_tokens, e.enable_chunked_prefill,
                         e.num_blocks * e.block_size)
     cap, light = capacity_rps(cost_model(sc.deployment), knobs, workload_of(arr), sc.slo_ttft_s,
                               sc.slo_tpot_s)
     if cap <= 0:
-        raise EvalError(f"models.{cluster.model_name}: one replica misses the SLO even at light "
-                        f"load (p95 TTFT {light.ttft_p95_s:.2f} s, TPOT {light.tpot_p95_s:.3f} s)")
-    st = cluster.startup_s
-    return ScalingSpec(
-        min_replicas=cluster.min_replicas, max_replicas=cluster.max_replicas,
-        ttft_p95_target_s=sc.slo_ttft_s, tpot_p95_target_s=sc.slo_tpot_s,
-        target_queue_per_replica=cluster.target_queue_per_replica,
-        replica_capacity_rps=cap, startup_hot_s=st[Tier.HOT], startup_warm_s=st[Tier.WARM],
-        startup_cold_s=st[Tier.COLD], peak_rps=arr.rate_peak())
+        raise EvalError(f"models.{model_name}: one replica misses the SLO even at light load (p95 TTFT "
+                        f"{light.ttft_p95_s:.2f} s, TPOT {light.tpot_p95_s:.3f} s)")
+    return cap
 
 
-def initial_replicas(decide: Any, config: Any, state: Any, spec: ScalingSpec,
+def eval_config(cluster: EvalCluster, arr: Arrivals) -> AutoscaleConfig:
+    """What every policy is told: see the module docstring."""
+    cap = estimate_capacity_rps(cluster.scenario, arr, cluster.model_name)
+    config = autoscale_config_for(cluster.model, cap)
+    if config is None:
+        raise EvalError(f"models.{cluster.model_name}.autoscaling: missing")
+    return config
+
+
+def initial_replicas(decide: Any, policy_config: Any, state: Any, config: AutoscaleConfig,
                      arr: Arrivals) -> int:
     """Module docstring, "Start"."""
-    first, _ = decide(Snapshot(now=0.0, replicas=()), config, state)
+    first, _ = decide(Snapshot(now=0.0, replicas=()), policy_config, state)
     first_minute = arr.window(0.0, 60.0)
     rate = len(first_minute) / 60.0
-    warm = math.ceil(rate / (spec.replica_capacity_rps * spec.target_utilization))
-    return max(spec.min_replicas, min(spec.max_replicas, max(first.target_active, warm)))
+    warm = math.ceil(rate / (config.replica_capacity_rps * config.target_utilization))
+    return max(config.min_replicas, min(config.max_replicas, max(first.target_active, warm)))
 
 
 def count_scale_actions(decisions: tuple[tuple[float, int, str], ...], initial: int) -> int:
@@ -178,7 +195,8 @@ def count_scale_actions(decisions: tuple[tuple[float, int, str], ...], initial: 
 class EvalResult:
     policy: str
     summary: SimSummary
-    spec: ScalingSpec
+    config: AutoscaleConfig  # hbmserve's, from which the policy's own was derived
+    peak_rps: float
     initial_replicas: int
     scale_actions: int
     replicas_started: int  # replicas brought up after the start, standbys included
@@ -206,7 +224,7 @@ class EvalResult:
             "unfinished": s.unfinished, "preemptions": s.preemptions,
             "mean_replicas": s.mean_replicas, "peak_replicas": s.peak_replicas,
             "initial_replicas": self.initial_replicas, "makespan_s": s.makespan_s,
-            "replica_capacity_rps": self.spec.replica_capacity_rps, "peak_rps": self.spec.peak_rps,
+            "replica_capacity_rps": self.config.replica_capacity_rps, "peak_rps": self.peak_rps,
         }
 
 
@@ -219,9 +237,9 @@ def _look_back_s(config: Any) -> float:
     return 30.0
 
 
-def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals, spec: ScalingSpec | None = None,
-             entry: PolicyEntry | None = None) -> EvalResult:
-    """Run the registered policy `policy` over `arr` on `cluster` (spec: scaling_spec(cluster,
+def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals,
+             config: AutoscaleConfig | None = None, entry: PolicyEntry | None = None) -> EvalResult:
+    """Run the registered policy `policy` over `arr` on `cluster` (config: eval_config(cluster,
     arr)). `entry` replaces the registry's, e.g. a baseline with another config mapping; the
     result is still labelled `policy`."""
     from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
@@ -229,16 +247,17 @@ def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals, spec: ScalingSpec
     entry = entry or POLICIES.get(policy)
     if entry is None:
         raise EvalError(f"--policy {policy!r}: not one of {', '.join(POLICIES)}")
-    spec = spec or scaling_spec(cluster, arr)
-    config = entry.make_config(spec)
-    start = initial_replicas(entry.decide, config, entry.initial_state(), spec, arr)
-    binding = PolicyBinding(lambda snapshot, state: entry.decide(snapshot, config, state),
+    config = config or eval_config(cluster, arr)
+    peak = arr.rate_peak()
+    policy_config = entry.make_config(config, peak)
+    start = initial_replicas(entry.decide, policy_config, entry.initial_state(), config, arr)
+    binding = PolicyBinding(lambda snapshot, state: entry.decide(snapshot, policy_config, state),
                             entry.initial_state(), cluster.decision_interval_s,
-                            lookback_s=_look_back_s(config), startup_s=dict(cluster.startup_s))
+                            lookback_s=_look_back_s(policy_config), startup_s=config.startup_s)
     sc = cluster.scenario
     sim = SimCluster(sc.deployment, sc.engine, start, SLOSpec(sc.slo_ttft_s, sc.slo_tpot_s),
                      sc.usd_per_gpu_hour)
     result = simulate(sim, arr, binding)
-    return EvalResult(policy, result.summary, spec, start,
+    return EvalResult(policy, result.summary, config, peak, start,
                       count_scale_actions(result.decisions, start),
                       len(result.replicas) - start, result.timeseries, result.decisions)

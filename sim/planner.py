@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hbmserve.capacity.arrivals import Arrivals
+from hbmserve.core.config import AutoscalingSpec
 from hbmserve.sim.cluster_sim import SimCluster, SLOSpec, simulate
 from hbmserve.capacity.engine_core import EngineConfig, EngineConfigError
 from hbmserve.capacity.hardware import GpuProfile
@@ -65,7 +66,20 @@ class PlanCandidate:
         keys = ("gpu", "tp", "pp", "replicas", "warm_replicas", "quantization", "max_num_seqs",
                 "max_num_batched_tokens", "chunked_prefill", "ttft_p95_s", "tpot_p95_s", "usd_per_hour",
                 "usd_per_mtok", "feasible", "reason", "source", "capacity_rps_per_replica", "max_model_len")
-        return {k: getattr(self, k) for k in keys}
+        return {**{k: getattr(self, k) for k in keys},
+                "autoscaling": self.autoscaling().model_dump(include=AUTOSCALING_KEYS)}
+
+    def autoscaling(self) -> AutoscalingSpec:
+        """The config file's `autoscaling` section this plan implies: the active replicas as
+        the floor, the warm ones as headroom, and the capacity the plan was sized with, so the
+        policy (autoscale/config.py) scales with the planner's figure, not a typed guess."""
+        return AutoscalingSpec(min_replicas=max(1, self.replicas),
+                               max_replicas=max(1, self.replicas + self.warm_replicas),
+                               **({"replica_capacity_rps": self.capacity_rps_per_replica}
+                                  if self.capacity_rps_per_replica > 0 else {}))
+
+
+AUTOSCALING_KEYS = {"min_replicas", "max_replicas", "replica_capacity_rps"}
 
 
 @dataclass(frozen=True)

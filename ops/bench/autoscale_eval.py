@@ -41,9 +41,10 @@ from hbmserve.sim.evaluate import (
     evaluate,
     load_eval_cluster,
     scale_trace,
-    scaling_spec,
+    eval_config,
 )
-from hbmserve.autoscale.registry import POLICIES, ScalingSpec
+from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.registry import POLICIES
 from hbmserve.capacity.arrivals import read_trace
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
@@ -58,33 +59,33 @@ VARIANTS = {
 
 def hbmserve_variant(fields: dict[str, Any]):
     base = POLICIES["hbmserve"]
-    return dataclasses.replace(base, make_config=lambda s: dataclasses.replace(base.make_config(s), **fields))
+    return dataclasses.replace(base, make_config=lambda c, peak: dataclasses.replace(base.make_config(c, peak), **fields))
 
 
-def ray_tuned_entry(spec: ScalingSpec, static: EvalResult):
+def ray_tuned_entry(config: AutoscaleConfig, static: EvalResult):
     e2e = static.summary.e2e.mean or 1.0
-    target = max(1.0, round(spec.replica_capacity_rps * spec.target_utilization * e2e))
+    target = max(1.0, round(config.replica_capacity_rps * config.target_utilization * e2e))
     base = POLICIES["ray-default"]
-    make = lambda s: RayDefaultConfig(min_replicas=s.min_replicas, max_replicas=s.max_replicas,  # noqa: E731
+    make = lambda c, peak: RayDefaultConfig(min_replicas=c.min_replicas, max_replicas=c.max_replicas,  # noqa: E731
                                       target_ongoing_requests=target)
     return dataclasses.replace(base, make_config=make), target
 
 
 def run_case(cluster, arr, variants: list[str]) -> tuple[dict[str, EvalResult], dict[str, Any]]:
-    spec = scaling_spec(cluster, arr)
-    results = {name: evaluate(name, cluster, arr, spec) for name in POLICIES}
-    entry, target = ray_tuned_entry(spec, results["static-peak"])
-    results[RAY_TUNED] = evaluate(RAY_TUNED, cluster, arr, spec, entry)
+    config = eval_config(cluster, arr)
+    results = {name: evaluate(name, cluster, arr, config) for name in POLICIES}
+    entry, target = ray_tuned_entry(config, results["static-peak"])
+    results[RAY_TUNED] = evaluate(RAY_TUNED, cluster, arr, config, entry)
     for v in variants:
         label = f"hbmserve ({v})"
-        results[label] = evaluate(label, cluster, arr, spec, hbmserve_variant(VARIANTS[v]))
+        results[label] = evaluate(label, cluster, arr, config, hbmserve_variant(VARIANTS[v]))
     return results, {"ray_tuned_target_ongoing_requests": target,
-                     "replica_capacity_rps": spec.replica_capacity_rps, "peak_rps": spec.peak_rps,
+                     "replica_capacity_rps": config.replica_capacity_rps, "peak_rps": arr.rate_peak(),
                      "requests": len(arr), "duration_s": arr.duration_s}
 
 
 def config_of(res: dict[str, EvalResult]) -> dict[str, Any]:
-    return dataclasses.asdict(POLICIES["hbmserve"].make_config(res["hbmserve"].spec))
+    return dataclasses.asdict(res["hbmserve"].config)
 
 
 def targets(res: dict[str, EvalResult]) -> dict[str, Any]:

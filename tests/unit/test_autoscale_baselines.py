@@ -8,7 +8,8 @@ import math
 import pytest
 
 from hbmserve.autoscale import baselines as bl
-from hbmserve.autoscale.registry import POLICIES, ScalingSpec
+from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.registry import POLICIES
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot
 
 
@@ -77,11 +78,11 @@ def test_ray_default_scales_one_to_zero_after_its_delay():
 
 
 def test_static_peak_holds_its_count_and_sizes_for_the_peak():
-    cfg = POLICIES["static-peak"].make_config(ScalingSpec(peak_rps=7.9))
+    cfg = POLICIES["static-peak"].make_config(AutoscaleConfig(), 7.9)
     assert cfg.replicas == math.ceil(7.9 / (1.0 * 0.8)) == 10
     d, _ = bl.static_peak_decide(snap(0.0, active=2, waiting=50), cfg, bl.StaticPeakState())
     assert d.target_active == 10
-    assert POLICIES["static-peak"].make_config(ScalingSpec()).replicas == 16
+    assert POLICIES["static-peak"].make_config(AutoscaleConfig(), None).replicas == 16
 
 
 def test_queue_threshold_steps_by_one_with_a_cooldown():
@@ -103,8 +104,8 @@ def test_queue_threshold_steps_by_one_with_a_cooldown():
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_every_registered_policy_decides_within_bounds(name):
     entry = POLICIES[name]
-    spec = ScalingSpec(min_replicas=1, max_replicas=6, peak_rps=3.0)
-    config, state = entry.make_config(spec), entry.initial_state()
+    config = entry.make_config(AutoscaleConfig(min_replicas=1, max_replicas=6), 3.0)
+    state = entry.initial_state()
     for t, waiting in enumerate([0, 40, 40, 40, 0, 0]):
         d, state = entry.decide(snap(float(t * 40), active=2, running=3, waiting=waiting),
                                 config, state)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hbmserve.autoscale.from_spec import autoscale_config_for
+from hbmserve.autoscale.config import autoscale_config_for
 from hbmserve.deployments.autoscaling import POLICY_PATH, serve_autoscaling_config
 from hbmserve.core.config import parse_cluster_spec
 from hbmserve.deployments.serve_app import scaling_options

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
-from hbmserve.autoscale.registry import ScalingSpec, hbmserve_config
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
 from hbmserve.capacity.arrivals import Arrivals
 from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
@@ -122,13 +121,8 @@ def test_config_rejects_a_non_positive_tpot_target():
         AutoscaleConfig(tpot_p95_target_s=0.0)
 
 
-def test_the_cluster_slo_reaches_the_policy_config():
-    assert hbmserve_config(ScalingSpec(tpot_p95_target_s=0.05)).tpot_p95_target_s == 0.05
-    assert hbmserve_config(ScalingSpec(tpot_p95_target_s=None)).tpot_p95_target_s is None
-
-
 def test_from_spec_takes_the_tpot_target_from_the_model_slo():
-    from hbmserve.autoscale.from_spec import autoscale_config_for
+    from hbmserve.autoscale.config import autoscale_config_for
     from hbmserve.core.config import parse_cluster_spec
 
     spec = parse_cluster_spec({"models": [{

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hbmserve.capacity.arrivals import TraceError, gamma_arrivals, poisson_arrivals, read_trace
+from hbmserve.capacity.arrivals import TraceError, gamma_arrivals, read_trace
 
 AZURE = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
 
@@ -46,15 +46,15 @@ def test_bad_traces_name_the_problem(tmp_path):
 
 
 def test_poisson_rate_and_gamma_burstiness():
-    a = poisson_arrivals(20.0, 500.0, seed=1)
+    a = gamma_arrivals(20.0, 500.0, 1.0, seed=1)
     assert abs(len(a) / 500.0 - 20.0) < 1.0
     gaps = np.diff(gamma_arrivals(20.0, 500.0, cv=3.0, seed=1).t)
     assert gaps.std() / gaps.mean() > 2.0
-    assert np.array_equal(poisson_arrivals(5, 10, seed=3).t, poisson_arrivals(5, 10, seed=3).t)
+    assert np.array_equal(gamma_arrivals(5, 10, 1.0, seed=3).t, gamma_arrivals(5, 10, 1.0, seed=3).t)
 
 
 def test_window_scale_clip():
-    a = poisson_arrivals(10.0, 100.0, prompt_tokens=3000, output_tokens=900, seed=2)
+    a = gamma_arrivals(10.0, 100.0, 1.0, prompt_tokens=3000, output_tokens=900, seed=2)
     w = a.window(10.0, 20.0)
     assert w.t.min() >= 0 and w.t.max() < 10.0
     assert len(a.scaled(0.5)) == len(a) and a.scaled(0.5).duration_s == pytest.approx(a.duration_s / 2)

@@ -116,6 +116,12 @@ def test_simulate_with_a_registered_policy_and_a_bad_one(app, files):
     cfg, trace = files
     r = CliRunner().invoke(app, ["simulate", "--config", str(cfg), "--trace", str(trace), "--json",
                                  "--policy", "static-peak"])
+    # A fixed replica count gives a policy nothing to scale between: say so, naming the field.
+    assert r.exit_code == 2 and "models.m70.autoscaling: missing" in r.output
+    cfg.write_text(cfg.read_text().replace(
+        "    engine: vllm-gpu\n", "    engine: vllm-gpu\n    autoscaling: {min_replicas: 1, max_replicas: 3}\n", 1))
+    r = CliRunner().invoke(app, ["simulate", "--config", str(cfg), "--trace", str(trace), "--json",
+                                 "--policy", "static-peak"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["finished"] == 40 and out["peak_replicas"] >= 1

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hbmserve.core.scaling import ReplicaState, ScaleDecision, Snapshot, Tier
-from hbmserve.capacity.arrivals import Arrivals, poisson_arrivals
+from hbmserve.capacity.arrivals import Arrivals, gamma_arrivals
 from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu
@@ -18,7 +18,7 @@ from hbmserve.capacity.perf_model import Deployment
 DEP = Deployment(load_model_shape("llama-3.1-8b"), get_gpu("h100-sxm"), tp=2)
 ENG = EngineConfig(num_blocks=20_000, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=4096)
 STARTUP = {Tier.HOT: 5.0, Tier.WARM: 60.0, Tier.COLD: 600.0}
-LOAD = poisson_arrivals(2.0, 120.0, prompt_tokens=300, output_tokens=50, seed=4)
+LOAD = gamma_arrivals(2.0, 120.0, 1.0, prompt_tokens=300, output_tokens=50, seed=4)
 
 
 def cluster(replicas: int) -> SimCluster:
@@ -57,7 +57,7 @@ def test_hot_standby_is_promoted_first_and_becomes_active_after_its_delay():
 
 def test_without_standby_a_cold_replica_takes_the_cold_delay():
     pol = functools.partial(scripted, steps=[(0.0, 1), (20.0, 2)])
-    long_load = poisson_arrivals(1.0, 800.0, prompt_tokens=200, output_tokens=20, seed=5)
+    long_load = gamma_arrivals(1.0, 800.0, 1.0, prompt_tokens=200, output_tokens=20, seed=5)
     res = simulate(cluster(1), long_load, PolicyBinding(pol, None, 10.0, 30.0, STARTUP))
     t, active, starting = res.timeseries["t_s"], res.timeseries["active"], res.timeseries["starting"]
     assert active[(t > 20) & (t < 619)].max() == 1 and starting[(t > 21) & (t < 619)].min() == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hbmserve.capacity.arrivals import poisson_arrivals
+from hbmserve.capacity.arrivals import gamma_arrivals
 from hbmserve.sim.cluster_sim import SLOSpec
 from hbmserve.capacity.hardware import get_gpu, load_catalog
 from hbmserve.capacity.model_shape import load_model_shape
@@ -13,7 +13,7 @@ from hbmserve.capacity.plan_analytic import EngineKnobs, Workload, estimate
 from hbmserve.sim.planner import SearchSpace, _configs, plan, workload_of
 
 M8 = load_model_shape("llama-3.1-8b")
-LOAD = poisson_arrivals(2.0, 60.0, prompt_tokens=500, output_tokens=100, length_cv=0.3, seed=7)
+LOAD = gamma_arrivals(2.0, 60.0, 1.0, prompt_tokens=500, output_tokens=100, length_cv=0.3, seed=7)
 SMALL = SearchSpace(tps=(1, 2), pps=(1,), quantizations=(None, "fp8"), max_num_seqs=(64, 256),
                     max_num_batched_tokens=(2048,), chunked_prefill=(True,))
 PLAN_KEYS = {"gpu", "tp", "pp", "replicas", "warm_replicas", "quantization", "max_num_seqs",

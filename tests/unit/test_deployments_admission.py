@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hbmserve.routing.admission import Admit, AdmissionBudget, Reject, ReplicaLoad, admit
+from hbmserve.routing.admission import Admit, AdmissionBudget, Reject, AdmissionLoad, admit
 from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
 
 
 def test_admits_below_budget_and_rejects_at_it():
     b = AdmissionBudget(max_in_flight=4)
-    assert isinstance(admit(ReplicaLoad(3), b), Admit)
-    r = admit(ReplicaLoad(4), b)
+    assert isinstance(admit(AdmissionLoad(3), b), Admit)
+    r = admit(AdmissionLoad(4), b)
     assert isinstance(r, Reject)
     assert "4 requests in flight (limit 4)" in r.reason
     assert r.retry_after_s == 1  # no pace known yet: the default
@@ -24,13 +24,13 @@ def test_admits_below_budget_and_rejects_at_it():
 
 def test_retry_after_drains_excess_at_observed_pace():
     # 10 in flight, limit 4: 7 must finish before a slot frees; at 2 rps that is 3.5 s -> 4.
-    r = admit(ReplicaLoad(10, completion_rate_rps=2.0), AdmissionBudget(4))
+    r = admit(AdmissionLoad(10, completion_rate_rps=2.0), AdmissionBudget(4))
     assert isinstance(r, Reject) and r.retry_after_s == 4
 
 
 @given(st.integers(0, 10_000), st.integers(1, 1000), st.none() | st.floats(0.01, 1000))
 def test_admission_is_a_threshold_with_positive_retry(in_flight, limit, rate):
-    d = admit(ReplicaLoad(in_flight, rate), AdmissionBudget(limit))
+    d = admit(AdmissionLoad(in_flight, rate), AdmissionBudget(limit))
     assert isinstance(d, Admit) == (in_flight < limit)
     if isinstance(d, Reject):
         assert d.retry_after_s >= 1

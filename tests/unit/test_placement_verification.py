@@ -7,11 +7,10 @@ import logging
 from pathlib import Path
 
 import pytest
-from prometheus_client import REGISTRY, CollectorRegistry
 
 import hbmserve.placement as placement_pkg
 from hbmserve.placement.cluster_file import load_cluster_file
-from hbmserve.placement.metrics import log_verification, make_placement_metrics, record_verification
+from hbmserve.placement.ray_observe import log_verification
 from hbmserve.placement.plan_types import PlacementRequest
 from hbmserve.placement.planner import plan
 from hbmserve.placement.topology import ClusterTopology
@@ -92,22 +91,6 @@ def test_gpu_identified_by_uuid_or_visible_devices():
     by_index = verify_replica(result, 0, [RankReport(0, "dgx-a", cuda_visible_devices="3"),
                                           RankReport(1, "dgx-a", cuda_visible_devices="0,1")], cluster)
     assert by_index.groups[0].crossing is Crossing.MISSING  # "0,1" does not name one GPU
-
-
-def test_metrics_use_the_given_registry_only(tp2):
-    registry = CollectorRegistry()
-    metrics = make_placement_metrics(registry)
-    bad = _verify(tp2, [("pairs-a", 1), ("pairs-a", 2)])
-    record_verification(metrics, "llama", bad)
-    labels = {"deployment": "llama", "replica": "0"}
-    assert registry.get_sample_value("hbmserve_placement_verified", labels) == 0.0
-    assert registry.get_sample_value("hbmserve_placement_crossed_groups", labels) == 1.0
-    assert registry.get_sample_value("hbmserve_placement_extra_allreduce_microseconds", labels) == (
-        pytest.approx(SYS_PAIR_US - NV4_PAIR_US))
-    record_verification(metrics, "llama", _verify(tp2, [("pairs-a", 0), ("pairs-a", 1)]))
-    assert registry.get_sample_value("hbmserve_placement_verified", labels) == 1.0
-    assert REGISTRY.get_sample_value("hbmserve_placement_verified", labels) is None
-    make_placement_metrics(CollectorRegistry())  # a second registry is independent: no clash
 
 
 def test_log_warning_when_not_verified(tp2, caplog):

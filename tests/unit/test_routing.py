@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hbmserve.core.scaling import ReplicaState
-from hbmserve.routing.choose import ReplicaLoad, RouteRequest, choose
+from hbmserve.core.routing import ReplicaLoad, RouteRequest
+from hbmserve.routing.choose import choose
 
 REQ = RouteRequest(prompt_tokens=100, max_tokens=50)
 

@@ -1,0 +1,45 @@
+"""One autoscaling config, built in one place: a model's config-file section -> AutoscaleConfig.
+
+Every entry point that runs a policy hands `decide` what this returns for the same model: the
+live Ray Serve adapter (deployments/serve_app.py), `hbmserve simulate --policy`, `hbmserve
+autoscale evaluate` and the baselines derived from it (registry.py), and `hbmserve plan`'s
+suggested autoscaling section (tests/unit/test_autoscale_config.py proves they agree).
+
+The defaults of every field a user can set live in the schema (core/config.py
+`AutoscalingSpec`, `SLO`); AutoscaleConfig's own defaults cover only the policy's inner knobs
+(trend windows, fractions), which the config file does not expose.
+"""
+
+from __future__ import annotations
+
+from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.core.config import ModelSpec
+
+
+def autoscale_config_for(model: ModelSpec,
+                         estimated_capacity_rps: float | None = None) -> AutoscaleConfig | None:
+    """None when the model has a fixed replica count.
+
+    `estimated_capacity_rps`: requests/s one replica sustains at the SLO, as a driver estimated
+    it from the traffic it replays (the capacity model at the trace's lengths). It is used only
+    when the config file does not state `replica_capacity_rps`, which always wins.
+    """
+    a = model.autoscaling
+    if a is None:
+        return None
+    stated = "replica_capacity_rps" in a.model_fields_set
+    capacity = a.replica_capacity_rps if stated or estimated_capacity_rps is None \
+        else estimated_capacity_rps
+    return AutoscaleConfig(
+        min_replicas=a.min_replicas, max_replicas=a.max_replicas,
+        ttft_p95_target_s=model.slo.ttft_p95_ms / 1000.0,
+        tpot_p95_target_s=model.slo.tpot_p95_ms / 1000.0,
+        target_queue_per_replica=a.target_queue_per_replica,
+        replica_capacity_rps=capacity,
+        startup_hot_s=a.startup_s.hot, startup_warm_s=a.startup_s.warm,
+        startup_cold_s=a.startup_s.cold,
+        hot_standby_min=a.hot_standby.min, hot_standby_max=a.hot_standby.max,
+        warm_pool_min=a.warm_pool.min, warm_pool_max=a.warm_pool.max,
+        upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s,
+        downscale_cooldown_s=a.downscale_cooldown_s,
+    )
