@@ -18,13 +18,13 @@ How a decision is made, each term in the reason string:
   could arrive must drain within max(TTFT target, that help's start-up), at most
   `backlog_drain_s`.
 * TTFT need. p95 TTFT above target asks for active·p95/target replicas (at most
-  `max_ttft_growth`× per step). TTFT samples describe the past, so after a scale-up the signal
+  `max_latency_growth`× per step). TTFT samples describe the past, so after a scale-up the signal
   is ignored until the new replicas can have served a full look-back window.
 * TPOT need (only with `tpot_p95_target_s`). A p95 time per output token over target with no
   queue means the active replicas run batches too large: every running sequence waits for the
   whole batch's step. Model: a decode step's time grows about linearly with the batch, and the
   router spreads the running sequences evenly, so TPOT ∝ running/active and
-  active·p95/target replicas bring it to target (at most `max_ttft_growth`× per step). The
+  active·p95/target replicas bring it to target (at most `max_latency_growth`× per step). The
   fixed part of a step (weights read once per step) does not shrink with the batch, so this
   under-asks when p95 is far over target; the next step after the blind window corrects it.
   Same blind window as TTFT after a scale-up, and the same rule for the queue's echo.
@@ -96,8 +96,8 @@ class AutoscaleConfig:
     slope_noise_window_s: float = 300.0  # memory of how much the slope estimate wanders
     # p95 TPOT target (s), from the SLO; None: TPOT is no signal.
     tpot_p95_target_s: float | None = None
-    min_ttft_samples: int = 5  # for TPOT samples too
-    max_ttft_growth: float = 2.0  # per step, for the TPOT need too
+    min_latency_samples: int = 5  # fewer TTFT (or TPOT) samples than this are no signal
+    max_latency_growth: float = 2.0  # most a TTFT or TPOT need multiplies the actives per step
     # A fraction of the TTFT target, not of the idle TTFT: long prompts alone can take half of it.
     ttft_down_fraction: float = 0.8
     queue_down_fraction: float = 0.25
@@ -160,7 +160,7 @@ class PolicyState:
     down_floor: int = 0  # highest need seen since down_since
     last_scale_up_at: float | None = None
     last_scale_down_at: float | None = None
-    ttft_blind_until: float | None = None  # for TPOT samples too
+    latency_blind_until: float | None = None  # TTFT and TPOT samples predate the last scale-up
     queue_over_at: float | None = None  # last time the queue was over target (TTFT/TPOT echo)
 
     def to_dict(self) -> dict[str, Any]:
@@ -254,7 +254,7 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
     capacity = config.replica_capacity_rps
     idle = load.in_flight == 0 and snapshot.arrival_rate_rps <= 0.0
 
-    blind = state.ttft_blind_until is not None and now < state.ttft_blind_until
+    blind = state.latency_blind_until is not None and now < state.latency_blind_until
     # A latency over target while requests queue past the target is the queue's wait showing up
     # late; queue_need already sizes that backlog (with what drains before help arrives), and
     # scaling on its echo as well ordered 2x the fleet after every burst had passed.
@@ -264,13 +264,13 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
     echo = queue_over_at is not None and now - queue_over_at < config.look_back_s
     muted = blind or echo
     tpot_target = config.tpot_p95_target_s
-    p = p95(snapshot.ttft_samples_s) if len(snapshot.ttft_samples_s) >= config.min_ttft_samples \
+    p = p95(snapshot.ttft_samples_s) if len(snapshot.ttft_samples_s) >= config.min_latency_samples \
         else None
     p_tpot = p95(snapshot.tpot_samples_s) if (
-        tpot_target is not None and len(snapshot.tpot_samples_s) >= config.min_ttft_samples) \
+        tpot_target is not None and len(snapshot.tpot_samples_s) >= config.min_latency_samples) \
         else None
-    n_ttft = latency_need(p, config.ttft_p95_target_s, load.active, config.max_ttft_growth, muted)
-    n_tpot = latency_need(p_tpot, tpot_target, load.active, config.max_ttft_growth, muted)
+    n_ttft = latency_need(p, config.ttft_p95_target_s, load.active, config.max_latency_growth, muted)
+    n_tpot = latency_need(p_tpot, tpot_target, load.active, config.max_latency_growth, muted)
     # A backlog left when help arrives must be gone within one more start-up of that help: fast
     # help (a hot standby) is no excuse for a slow drain, and a queued request waits for the
     # whole drain, so never longer than backlog_drain_s nor asked faster than the TTFT target.
@@ -322,7 +322,7 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
         action = f"down {current}→{target} (max_replicas)"
         new = PolicyState(queue_over_at=queue_over_at, target_active=target, trend=trend,
                           last_scale_up_at=state.last_scale_up_at, last_scale_down_at=now,
-                          ttft_blind_until=state.ttft_blind_until)
+                          latency_blind_until=state.latency_blind_until)
     elif up_need > current:
         since = state.up_since if state.up_since is not None else now
         urgent = current < floor
@@ -340,7 +340,7 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
             new = PolicyState(queue_over_at=queue_over_at, target_active=target, trend=trend,
                               last_scale_up_at=now,
                               last_scale_down_at=state.last_scale_down_at,
-                              ttft_blind_until=now + slowest + config.look_back_s)
+                              latency_blind_until=now + slowest + config.look_back_s)
         else:
             action = (f"hold {current}, up to {up_need} pending "
                       f"({now - since:.1f}/{delay:g}s)")
@@ -348,7 +348,7 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
                               up_since=since,
                               last_scale_up_at=state.last_scale_up_at,
                               last_scale_down_at=state.last_scale_down_at,
-                              ttft_blind_until=state.ttft_blind_until)
+                              latency_blind_until=state.latency_blind_until)
     elif slack and max(down_need, floor) < current:
         wish = max(down_need, floor)
         since = state.down_since if state.down_since is not None else now
@@ -371,7 +371,7 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
             action = f"down {current}→{target} (slack for {now - since:.0f}s{waiting})"
             new = PolicyState(queue_over_at=queue_over_at, target_active=target, trend=trend,
                               last_scale_up_at=state.last_scale_up_at, last_scale_down_at=now,
-                              ttft_blind_until=state.ttft_blind_until,
+                              latency_blind_until=state.latency_blind_until,
                               down_since=since if keep > down_floor else None,
                               down_floor=down_floor if keep > down_floor else 0)
         else:
@@ -386,7 +386,7 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
                               down_since=since,
                               down_floor=down_floor, last_scale_up_at=state.last_scale_up_at,
                               last_scale_down_at=state.last_scale_down_at,
-                              ttft_blind_until=state.ttft_blind_until)
+                              latency_blind_until=state.latency_blind_until)
     else:
         why = "at max_replicas" if up_need > current else (
             "symptoms not slack" if not slack and down_need < current else "within band")
@@ -394,7 +394,7 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
         new = PolicyState(queue_over_at=queue_over_at, target_active=current, trend=trend,
                           last_scale_up_at=state.last_scale_up_at,
                           last_scale_down_at=state.last_scale_down_at,
-                          ttft_blind_until=state.ttft_blind_until)
+                          latency_blind_until=state.latency_blind_until)
 
     pool = pool_for(target if pool_at is None else pool_at)
     refill = ""
