@@ -24,8 +24,8 @@ How a decision is made, each term in the reason string:
   (signals.RateTrend). n replicas are enough when the rate expected by the time the next
   replica could be ready fits in them at `target_utilization`. "The next replica" comes from
   the fastest tier with capacity: hot standbys first (promotion, seconds), then warm nodes
-  (weights on NVMe), then cold; its start-up time is the forecast horizon. A rising trend therefore orders replicas early, and
-  more so when only slow tiers are left.
+  (weights on NVMe), then cold; its start-up time is the forecast horizon. A rising trend
+  therefore orders replicas early, and more so when only slow tiers are left.
 * Queue need. Waiting requests per active replica above `target_queue_per_replica` ask for
   enough extra replicas to absorb the excess (signals.queue_need): what is left when help
   could arrive must drain within max(TTFT target, that help's start-up), at most

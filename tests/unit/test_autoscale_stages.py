@@ -213,7 +213,8 @@ def test_below_the_floor_is_an_up_wish_acted_on_at_once():
     s = replace(signals(cfg, now=0.0, pending=3), current=0)
     out = apply_hysteresis(Wish(up=1, down=0, slack=False, symptom=True), s,
                            PolicyState(target_active=0), cfg)
-    assert out.target == 1 and out.action == "up 0→1 (1 cold) from zero: requests held at the ingress"
+    assert out.target == 1
+    assert out.action == "up 0→1 (1 cold) from zero: requests held at the ingress"
 
 
 def test_a_promotion_blinds_the_latencies_only_for_a_hot_start():

@@ -1,4 +1,4 @@
-"""Frozen behaviour of autoscale.policy.decide, for the stage refactor (tests/unit/test_autoscale_stages.py).
+"""Frozen behaviour of autoscale.policy.decide (tests/unit/test_autoscale_policy_golden.py).
 
 `cases()` builds seeded, varied runs (bursts, idle spells, requests held at the ingress, hot
 standbys, warm nodes, TTFT and TPOT samples, configs with and without delays); `replay()`
@@ -111,7 +111,8 @@ def replay(case: Case, decide_fn: Callable[..., tuple[ScaleDecision, Any]] = dec
 
 
 def record(steps: list[tuple[ScaleDecision, Any]]) -> dict[str, Any]:
-    full = [{"target": d.target_active, "standby": {t.value: n for t, n in d.target_standby.items()},
+    full = [{"target": d.target_active,
+             "standby": {t.value: n for t, n in d.target_standby.items()},
              "reason": d.reason, "state": s.to_dict()} for d, s in steps]
     digest = hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()
     return {"targets": [d.target_active for d, _ in steps],
@@ -119,5 +120,6 @@ def record(steps: list[tuple[ScaleDecision, Any]]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    GOLDEN.write_text(json.dumps([record(replay(c)) for c in cases()], separators=(",", ":")) + "\n")
+    frozen = [record(replay(c)) for c in cases()]
+    GOLDEN.write_text(json.dumps(frozen, separators=(",", ":")) + "\n")
     print(f"wrote {GOLDEN}")
