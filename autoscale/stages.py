@@ -20,25 +20,24 @@ if TYPE_CHECKING:  # policy.py imports this module; the types are only annotatio
     from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState
 
 
-def tier_sequence(standby: int, warm_ready: int) -> Callable[[int], Tier]:
+def tier_of(i: int, standby: int, warm_ready: int) -> Tier:
     """Tier the i-th new replica (1-based) comes from: the fastest one with capacity."""
+    if i <= standby:
+        return Tier.HOT
+    if i <= standby + warm_ready:
+        return Tier.WARM
+    return Tier.COLD
 
-    def tier_for(i: int) -> Tier:
-        if i <= standby:
-            return Tier.HOT
-        if i <= standby + warm_ready:
-            return Tier.WARM
-        return Tier.COLD
 
-    return tier_for
+def tier_sequence(standby: int, warm_ready: int) -> Callable[[int], Tier]:
+    return lambda i: tier_of(i, standby, warm_ready)
 
 
 def promotions(have: int, standby: int, warm_ready: int, target_active: int) -> dict[Tier, int]:
     """Where the replicas that take `have` (active + starting) to `target_active` come from."""
-    tier_for = tier_sequence(standby, warm_ready)
     plan: dict[Tier, int] = {}
     for i in range(1, target_active - have + 1):
-        tier = tier_for(i)
+        tier = tier_of(i, standby, warm_ready)
         plan[tier] = plan.get(tier, 0) + 1
     return plan
 
@@ -91,7 +90,7 @@ class Signals:
 
     def tier_for(self, i: int) -> Tier:
         """Tier the i-th new replica would come from."""
-        return tier_sequence(self.load.standby, self.warm_ready)(i)
+        return tier_of(i, self.load.standby, self.warm_ready)
 
 
 def read_signals(snapshot: Snapshot, config: AutoscaleConfig, state: PolicyState) -> Signals:
