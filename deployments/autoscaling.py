@@ -10,10 +10,11 @@ Three pieces, all thin:
 * `HbmServeAutoscalingPolicy`: the callable Serve instantiates with `policy_kwargs` (the
   AutoscaleConfig fields) and calls as `(AutoscalingContext) -> (target_replicas, policy_state)`.
   Serve replicas = active target + hot standbys. Which replicas are active is decided here
-  (roles.py) and published with the decision (records_store.py); replicas follow it, binding
-  or releasing the model's port, so a standby gets no traffic until promoted. Warm and cold
-  pool targets travel in the decision record for a node-pool executor (none yet: KubeRay's
-  autoscaler provisions nodes), and every decision is logged with its reason.
+  (roles.py: surplus actives demoted least-loaded first) and published with the decision
+  (records_store.py); replicas follow it, binding or releasing the model's port, so a standby
+  gets no traffic until promoted. Warm and cold pool targets travel in the decision record for
+  a node-pool executor (none yet: KubeRay's autoscaler provisions nodes), and every decision is
+  logged with its reason.
 
 `serve_autoscaling_config(config)` gives the AutoscalingConfig kwargs that make this the only
 hysteresis in the loop: Serve wraps every custom policy in its own delay logic
@@ -166,7 +167,11 @@ def decide_from_context(ctx: Any, config: AutoscaleConfig,
     serving = current_active(order, roles.get("active"))
     snapshot = snapshot_from_context(ctx, config.look_back_s, serving, held_at_ingress)
     decision, state = decide(snapshot, config, state)
-    assignment = assign_roles(running, order, roles.get("active"), decision.target_active)
+    # Surplus actives are demoted least-loaded first (roles.scale_down_victims, as the
+    # simulator drains them); which replica Serve then stops is Serve's choice (see roles.py).
+    in_flight = {r.replica_id: r.waiting + r.running for r in snapshot.replicas}
+    assignment = assign_roles(running, order, roles.get("active"), decision.target_active,
+                              in_flight)
     reason = decision.reason
     if assignment.describe():
         reason = f"{reason}; {assignment.describe()}"

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hbmserve.autoscale.roles import VictimCandidate, scale_down_victims
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
 from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest
 from hbmserve.routing.choose import choose
@@ -65,12 +66,13 @@ class SimCluster:
 
 
 class _Replica:
-    __slots__ = ("rid", "state", "tier", "engine", "created", "ready_at", "removed", "plan",
+    __slots__ = ("rid", "seq", "state", "tier", "engine", "created", "ready_at", "removed", "plan",
                  "plan_start", "epoch", "prefixes")
 
-    def __init__(self, rid: str, state: ReplicaState, engine: EngineCore, now: float, ready_at: float,
+    def __init__(self, seq: int, state: ReplicaState, engine: EngineCore, now: float, ready_at: float,
                  tier: Tier | None = None) -> None:
-        self.rid, self.state, self.engine, self.tier = rid, state, engine, tier
+        self.rid, self.seq = f"r{seq}", seq  # seq: creation order, larger is newer
+        self.state, self.engine, self.tier = state, engine, tier
         self.created, self.ready_at = now, ready_at
         self.removed: float | None = None
         self.plan: Plan | None = None
@@ -114,7 +116,7 @@ class _Run:
         heapq.heappush(self.heap, (t, self.seq, kind, rep, epoch))
 
     def new_replica(self, state: ReplicaState, now: float, ready_at: float, tier: Tier | None = None) -> _Replica:
-        rep = _Replica(f"r{self.next_id}", state, EngineCore(self.spec.engine, self.cost), now, ready_at, tier)
+        rep = _Replica(self.next_id, state, EngineCore(self.spec.engine, self.cost), now, ready_at, tier)
         self.next_id += 1
         self.replicas.append(rep)
         self.all.append(rep)
@@ -263,12 +265,16 @@ class _Run:
             self.new_replica(ReplicaState.STARTING, now, now + startup[Tier.COLD], Tier.COLD)
 
     def scale_down(self, n: int, now: float, up: list[_Replica]) -> None:
-        starting = sorted((r for r in up if r.state is ReplicaState.STARTING), key=lambda r: -r.created)
-        for r in starting[:n]:
-            self.remove(r, now)
-        n -= min(n, len(starting))
-        victims = sorted(self.active, key=lambda r: (r.engine.num_waiting + r.engine.num_running, r.rid))[:n]
-        for r in victims:
+        """The rule the live roles demote by (autoscale/roles.py scale_down_victims): starts
+        cancelled first, then the least-loaded actives drain, newest first among equals."""
+        by_id = {r.rid: r for r in up}
+        candidates = [VictimCandidate(r.rid, r.engine.num_waiting + r.engine.num_running, r.seq,
+                                      serving=r.state is ReplicaState.ACTIVE) for r in up]
+        for rid in scale_down_victims(candidates, n):
+            r = by_id[rid]
+            if r.state is ReplicaState.STARTING:
+                self.remove(r, now)
+                continue
             r.state = ReplicaState.DRAINING
             self.active.remove(r)
             if not r.engine.has_work() and r.plan is None:

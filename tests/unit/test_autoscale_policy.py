@@ -78,7 +78,7 @@ def test_ttft_echo_of_a_drained_queue_is_not_scaled_on():
     assert d.target_active == 4 and s.queue_over_at == 0.0
     # Once the queue has been under target for a whole window, a slow TTFT is a symptom again.
     d, s = decide(snap(cfg.look_back_s, active=4, running=8, rate=1.0, ttft=slow), cfg, s)
-    assert d.target_active == math.ceil(4 * cfg.max_ttft_growth) == 8
+    assert d.target_active == math.ceil(4 * cfg.max_latency_growth) == 8
 
 
 @pytest.mark.parametrize("p95_s, expected", [(3.0, math.ceil(4 * 3.0 / 2.0)),  # 6
@@ -94,7 +94,7 @@ def test_ttft_ignored_until_new_replicas_can_show_in_the_window():
     d, s = decide(snap(0.0, active=4, running=2, rate=7.9), cfg, PolicyState())
     assert d.target_active == 10  # six new replicas, all from the cold tier
     blind_until = 0.0 + cfg.startup_cold_s + cfg.look_back_s
-    assert s.ttft_blind_until == blind_until
+    assert s.latency_blind_until == blind_until
     slow = (4.0,) * 20
     d, s = decide(snap(60.0, active=10, running=2, rate=7.9, ttft=slow), cfg, s)
     assert d.target_active == 10 and "ignored" in d.reason

@@ -1,11 +1,14 @@
-"""Role assignment: which running replicas serve and which stand by (autoscale/roles.py)."""
+"""Role assignment and the scale-down victim rule (autoscale/roles.py)."""
 
 from __future__ import annotations
+
+from itertools import combinations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hbmserve.autoscale.roles import age_order, assign_roles, current_active
+from hbmserve.autoscale.roles import (VictimCandidate, age_order, assign_roles, current_active,
+                                      scale_down_victims)
 
 
 def test_first_assignment_keeps_everything_running_active_up_to_the_target():
@@ -58,3 +61,49 @@ def test_assignment_invariants(running, previous, prev_active, target):
     kept = still & set(a.active)
     assert len(kept) == min(len(still), target)
     assert not (set(a.promoted) & still) and set(a.demoted) <= still
+
+
+def test_victims_are_the_least_loaded_with_ties_newest_first():
+    c = [VictimCandidate("old-busy", 7, 0), VictimCandidate("old-idle", 0, 1),
+         VictimCandidate("mid", 2, 2), VictimCandidate("new-idle", 0, 3)]
+    assert scale_down_victims(c, 1) == ("new-idle",)  # 0 in flight, and newer than old-idle
+    assert scale_down_victims(c, 3) == ("new-idle", "old-idle", "mid")
+    assert scale_down_victims(c, 0) == () and scale_down_victims(c, -1) == ()
+    assert len(scale_down_victims(c, 9)) == 4
+
+
+def test_replicas_not_yet_serving_go_before_any_serving_one():
+    c = [VictimCandidate("idle", 0, 9), VictimCandidate("starting", 0, 1, serving=False)]
+    assert scale_down_victims(c, 1) == ("starting",)
+
+
+candidates = st.lists(st.tuples(st.integers(0, 12), st.booleans()), max_size=8).map(
+    lambda xs: [VictimCandidate(f"r{i}", load, float(i), serving) for i, (load, serving)
+                in enumerate(xs)])
+
+
+@given(cands=candidates, n=st.integers(0, 9))
+def test_victims_lose_the_least_work_of_any_choice(cands, n):
+    picked = scale_down_victims(cands, n)
+    by_id = {c.replica_id: c for c in cands}
+    assert len(picked) == len(set(picked)) == min(n, len(cands))
+    # Every replica not yet serving goes before any serving one ...
+    not_serving = {c.replica_id for c in cands if not c.serving}
+    assert set(picked) <= not_serving or not_serving <= set(picked)
+    # ... and the serving ones picked hold the least in-flight work of any choice of as many.
+    serving = [c for c in cands if c.serving]
+    k = sum(1 for r in picked if by_id[r].serving)
+    best = min(sum(c.in_flight for c in combo) for combo in combinations(serving, k))
+    assert sum(by_id[r].in_flight for r in picked if by_id[r].serving) == best
+    # Among equally loaded serving replicas, none kept is newer than one picked.
+    for v in (by_id[r] for r in picked if by_id[r].serving):
+        kept = [c for c in serving if c.replica_id not in picked and c.in_flight == v.in_flight]
+        assert all(c.started < v.started for c in kept)
+
+
+def test_surplus_actives_are_demoted_least_loaded_first():
+    # r1 is the oldest but idle; r2 is busiest. Before the shared rule, r1 stayed (oldest).
+    a = assign_roles({"r1", "r2", "r3"}, ("r1", "r2", "r3"), {"r1", "r2", "r3"}, target_active=1,
+                     in_flight={"r1": 0, "r2": 5, "r3": 3})
+    assert a.active == ("r2",) and a.demoted == ("r1", "r3")
+    assert a.describe() == "demote 2 to standby"

@@ -125,6 +125,17 @@ def test_roles_travel_in_policy_state_and_the_decision_record():
     assert state[sa.ROLES_KEY] == {"order": ["r1", "r2"], "active": ["r1", "r2"]}
 
 
+def test_the_least_loaded_active_is_demoted_even_when_it_is_the_oldest():
+    # r2 is older (first in the order) and idle; r1 holds 14 requests. One active must go
+    # (max_replicas 1): the shared victim rule demotes r2, where newest-first demoted r1.
+    cfg = AutoscaleConfig(max_replicas=1, hot_standby_max=0)
+    prior = {sa.ROLES_KEY: {"order": ["r2", "r1"], "active": ["r2", "r1"]}}
+    _, state = sa.decide_from_context(context(policy_state=prior, target=2), cfg)
+    record = state[sa.DECISION_KEY]
+    assert record["target_active"] == 1 and "demote 1 to standby" in record["reason"]
+    assert record["active_replicas"] == ["r1"] and record["standby_replicas"] == ["r2"]
+
+
 def test_decide_from_context_matches_decide_on_the_snapshot():
     cfg = AutoscaleConfig(upscale_delay_s=0.0)
     ctx = context()

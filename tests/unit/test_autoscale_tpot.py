@@ -68,7 +68,7 @@ def test_without_a_tpot_target_the_samples_change_nothing():
 
 
 def test_too_few_samples_are_no_signal():
-    few = (0.5,) * (TPOT.min_ttft_samples - 1)
+    few = (0.5,) * (TPOT.min_latency_samples - 1)
     d, _ = decide(snap(0.0, active=4, tpot=few), TPOT, PolicyState())
     assert d.target_active == 4 and "no p95 TPOT" in d.reason
 
@@ -97,7 +97,7 @@ def test_tpot_ignored_until_new_replicas_can_show_in_the_window():
     d, s = decide(snap(0.0, active=4, tpot=with_p95(0.15)), TPOT, PolicyState())
     assert d.target_active == 6  # two cold replicas
     blind_until = TPOT.startup_cold_s + TPOT.look_back_s
-    assert s.ttft_blind_until == blind_until
+    assert s.latency_blind_until == blind_until
     slow = with_p95(0.3)
     d, s = decide(snap(100.0, active=6, tpot=slow), TPOT, s)
     assert d.target_active == 6 and "ignored" in d.reason

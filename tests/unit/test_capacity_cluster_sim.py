@@ -7,7 +7,9 @@ import functools
 import numpy as np
 import pytest
 
+from hbmserve.autoscale import roles
 from hbmserve.core.scaling import ReplicaState, ScaleDecision, Snapshot, Tier
+from hbmserve.sim import cluster_sim
 from hbmserve.capacity.arrivals import Arrivals, gamma_arrivals
 from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
 from hbmserve.capacity.engine_core import EngineConfig
@@ -127,3 +129,29 @@ def test_snapshots_show_hot_standby_as_replicas_and_warm_standby_as_warm_ready()
     first = seen[0]
     assert first.count(ReplicaState.STANDBY) == 1 and first.count(ReplicaState.ACTIVE) == 1
     assert first.warm_ready == 2
+
+
+def test_scale_down_drains_by_the_same_rule_the_live_roles_demote_by(monkeypatch):
+    rule, calls = roles.scale_down_victims, []
+
+    def spy(candidates, n):
+        candidates = list(candidates)
+        picked = rule(candidates, n)
+        calls.append((candidates, n, picked))
+        return picked
+
+    assert cluster_sim.scale_down_victims is rule  # one function, imported by the simulator
+    monkeypatch.setattr(cluster_sim, "scale_down_victims", spy)
+    monkeypatch.setattr(roles, "scale_down_victims", spy)
+    pol = functools.partial(scripted, steps=[(0.0, 3), (30.0, 1)])
+    simulate(cluster(3), LOAD, PolicyBinding(pol, None, 10.0, 30.0, STARTUP))
+    assert len(calls) == 1
+    sim_candidates, n, sim_picked = calls[0]
+    assert n == 2 and all(c.serving for c in sim_candidates)
+    least = sorted(c.in_flight for c in sim_candidates)[:2]
+    assert sorted(c.in_flight for c in sim_candidates if c.replica_id in sim_picked) == least
+    # The live role assignment, shown the same replicas and loads, demotes the same two.
+    order = tuple(c.replica_id for c in sorted(sim_candidates, key=lambda c: c.started))
+    live = roles.assign_roles(set(order), order, set(order), target_active=1,
+                              in_flight={c.replica_id: c.in_flight for c in sim_candidates})
+    assert len(calls) == 2 and set(live.demoted) == set(sim_picked)

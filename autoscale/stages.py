@@ -1,0 +1,334 @@
+"""The stages of hbmserve's `decide` (policy.py), in the order it runs them:
+
+    read_signals -> needs_of -> wish -> apply_hysteresis -> pool_for -> explain
+
+Each is a pure function of frozen values; only `apply_hysteresis` writes the policy's memory,
+through `dataclasses.replace`. policy.py's docstring says why each rule is what it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
+
+from hbmserve.autoscale.signals import (Load, RateTrend, latency_need, load_of, p95, queue_need,
+                                       update_trend)
+from hbmserve.autoscale.warm_pool import PoolEconomics, PoolSizing, size_pool
+from hbmserve.core.scaling import ReplicaState, Snapshot, Tier
+
+if TYPE_CHECKING:  # policy.py imports this module; the types are only annotations here
+    from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState
+
+
+def tier_of(i: int, standby: int, warm_ready: int) -> Tier:
+    """Tier the i-th new replica (1-based) comes from: the fastest one with capacity."""
+    if i <= standby:
+        return Tier.HOT
+    if i <= standby + warm_ready:
+        return Tier.WARM
+    return Tier.COLD
+
+
+def tier_sequence(standby: int, warm_ready: int) -> Callable[[int], Tier]:
+    return lambda i: tier_of(i, standby, warm_ready)
+
+
+def promotions(have: int, standby: int, warm_ready: int, target_active: int) -> dict[Tier, int]:
+    """Where the replicas that take `have` (active + starting) to `target_active` come from."""
+    plan: dict[Tier, int] = {}
+    for i in range(1, target_active - have + 1):
+        tier = tier_of(i, standby, warm_ready)
+        plan[tier] = plan.get(tier, 0) + 1
+    return plan
+
+
+def plan_promotions(snapshot: Snapshot, target_active: int) -> dict[Tier, int]:
+    """Where the replicas that `target_active` adds come from: hot standbys, then warm
+    nodes, then cold. Empty when nothing is to be added. The executor follows this."""
+    have = snapshot.count(ReplicaState.ACTIVE) + snapshot.count(ReplicaState.STARTING)
+    return promotions(have, snapshot.count(ReplicaState.STANDBY), snapshot.warm_ready,
+                      target_active)
+
+
+def rate_need(trend: RateTrend, current: int, replica_rps: float, tier_for: Callable[[int], Tier],
+              startup_s: dict[Tier, float], max_replicas: int) -> int:
+    """Fewest replicas n that carry the rate expected when the n-th could be ready.
+
+    For n <= current the horizon is the time to get one back if n proves too few."""
+    for n in range(0, max_replicas + 1):
+        horizon = startup_s[tier_for(max(1, n - current))]
+        if trend.projected(horizon) <= n * replica_rps:
+            return n
+    return max_replicas
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What one snapshot says, read once. `current` is the active target the policy set last
+    (what runs, before its first decision); `floor` is min_replicas, or 1 while requests are
+    held at the ingress."""
+
+    now: float
+    load: Load
+    trend: RateTrend
+    arrival_rps: float
+    warm_ready: int
+    current: int
+    floor: int
+    idle: bool  # nothing in flight and nothing arriving
+    ttft_p95_s: float | None  # None: fewer samples than min_latency_samples
+    ttft_samples: int
+    tpot_p95_s: float | None  # None also when TPOT is no signal (no tpot_p95_target_s)
+    tpot_samples: int
+    blind: bool  # the latency samples predate the replicas the last scale-up added
+    echo: bool  # the latency samples still carry the wait of a queue over target
+    queue_over_at: float | None  # last time the queue was over target
+
+    @property
+    def muted(self) -> bool:
+        return self.blind or self.echo
+
+    def tier_for(self, i: int) -> Tier:
+        """Tier the i-th new replica would come from."""
+        return tier_of(i, self.load.standby, self.warm_ready)
+
+
+def read_signals(snapshot: Snapshot, config: AutoscaleConfig, state: PolicyState) -> Signals:
+    now = snapshot.now
+    load = load_of(snapshot)
+    trend = update_trend(state.trend, now, snapshot.arrival_rate_rps,
+                         fast_tau_s=config.rate_smoothing_s, slow_tau_s=config.trend_window_s,
+                         variance_tau_s=config.rate_variance_window_s,
+                         slope_tau_s=config.slope_noise_window_s, z=config.trend_z)
+    # A latency over target while requests queue past the target is the queue's wait showing up
+    # late; queue_need already sizes that backlog (with what drains before help arrives), and
+    # scaling on its echo as well ordered 2x the fleet after every burst had passed.
+    # The samples cover look_back_s, so the echo outlasts the queue by that long.
+    queued_over = load.waiting + load.pending > config.target_queue_per_replica * load.active
+    queue_over_at = now if queued_over else state.queue_over_at
+    enough = config.min_latency_samples
+    ttft, tpot = snapshot.ttft_samples_s, snapshot.tpot_samples_s
+    return Signals(
+        now=now, load=load, trend=trend, arrival_rps=snapshot.arrival_rate_rps,
+        warm_ready=snapshot.warm_ready,
+        current=state.target_active if state.target_active is not None
+        else load.active + load.starting,
+        floor=max(config.min_replicas, 1 if load.pending > 0 else 0),
+        idle=load.in_flight == 0 and snapshot.arrival_rate_rps <= 0.0,
+        ttft_p95_s=p95(ttft) if len(ttft) >= enough else None, ttft_samples=len(ttft),
+        tpot_p95_s=p95(tpot) if config.tpot_p95_target_s is not None and len(tpot) >= enough
+        else None,
+        tpot_samples=len(tpot),
+        blind=state.latency_blind_until is not None and now < state.latency_blind_until,
+        echo=queue_over_at is not None and now - queue_over_at < config.look_back_s,
+        queue_over_at=queue_over_at,
+    )
+
+
+@dataclass(frozen=True)
+class Needs:
+    """Replicas (active and starting, in all) each signal asks for; 0: no reason to grow."""
+
+    rate: int  # the forecast
+    queue: int
+    ttft: int
+    tpot: int
+    ingress: int  # 1 while requests are held with no active replica
+
+    @property
+    def symptom(self) -> int:
+        """The most any observed symptom asks for, the forecast left out."""
+        return max(self.queue, self.ttft, self.tpot, self.ingress)
+
+
+def needs_of(signals: Signals, config: AutoscaleConfig) -> Needs:
+    startup = config.startup_s
+    help_s = startup[signals.tier_for(1)]
+    # A backlog left when help arrives must be gone within one more start-up of that help: fast
+    # help (a hot standby) is no excuse for a slow drain, and a queued request waits for the
+    # whole drain, so never longer than backlog_drain_s nor asked faster than the TTFT target.
+    drain_s = min(config.backlog_drain_s, max(config.ttft_p95_target_s, help_s))
+    capacity, load = config.replica_capacity_rps, signals.load
+    return Needs(
+        rate=0 if signals.idle else rate_need(
+            signals.trend, signals.current, capacity * config.target_utilization,
+            signals.tier_for, startup, config.max_replicas),
+        queue=queue_need(load, config.target_queue_per_replica, arrival_rps=signals.arrival_rps,
+                         replica_rps=capacity, horizon_s=help_s, drain_s=drain_s),
+        ttft=latency_need(signals.ttft_p95_s, config.ttft_p95_target_s, load.active,
+                          config.max_latency_growth, signals.muted),
+        tpot=latency_need(signals.tpot_p95_s, config.tpot_p95_target_s, load.active,
+                          config.max_latency_growth, signals.muted),
+        ingress=1 if load.pending > 0 else 0,
+    )
+
+
+@dataclass(frozen=True)
+class Wish:
+    """Where the fleet would go with no hysteresis."""
+
+    up: int  # the highest need (or the floor), within max_replicas
+    down: int  # replicas the rate fits in at downscale_utilization (0 when idle)
+    slack: bool  # every symptom well under target: a scale-down may be considered
+    symptom: bool  # a symptom, not the forecast alone, asks for more than `current`
+
+
+def wish(needs: Needs, signals: Signals, config: AutoscaleConfig) -> Wish:
+    load = signals.load
+    tpot_target = config.tpot_p95_target_s
+    p_ttft, p_tpot = signals.ttft_p95_s, signals.tpot_p95_s
+    return Wish(
+        up=min(max(needs.rate, needs.symptom, signals.floor), config.max_replicas),
+        down=0 if signals.idle else max(1, rate_need(
+            signals.trend, signals.current,
+            config.replica_capacity_rps * config.downscale_utilization, signals.tier_for,
+            config.startup_s, config.max_replicas)),
+        slack=(
+            load.pending == 0
+            and load.queue_per_active
+            <= config.target_queue_per_replica * config.queue_down_fraction
+            and (p_ttft is None or p_ttft <= config.ttft_p95_target_s * config.ttft_down_fraction)
+            and (p_tpot is None or tpot_target is None
+                 or p_tpot <= tpot_target * config.tpot_down_fraction)
+            and load.mean_kv_usage <= config.kv_usage_down_max
+        ),
+        symptom=needs.symptom > signals.current,
+    )
+
+
+def pool_for(signals: Signals, config: AutoscaleConfig, active: int) -> PoolSizing:
+    """Standbys per tier worth keeping beside `active` replicas (warm_pool.size_pool)."""
+    return size_pool(
+        target_active=active, trend=signals.trend,
+        replica_rps=config.replica_capacity_rps * config.target_utilization,
+        replica_max_rps=config.replica_capacity_rps, startup_s=config.startup_s,
+        economics=PoolEconomics(config.hot_idle_usd_per_hour, config.warm_idle_usd_per_hour,
+                                config.slo_miss_usd),
+        hot_bounds=(config.hot_standby_min, config.hot_standby_max),
+        warm_bounds=(config.warm_pool_min, config.warm_pool_max),
+        max_replicas=config.max_replicas,
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    target: int  # active replicas
+    action: str  # what was done and why, the head of the reason
+    state: PolicyState
+    pool_at: int  # active count the standby pool is sized for (below `target` while a
+    #               scale-down keeps replicas until the pool is ready)
+
+
+def apply_hysteresis(wanted: Wish, signals: Signals, state: PolicyState,
+                     config: AutoscaleConfig) -> Outcome:
+    """The wish, once it has lasted long enough; the timers live in PolicyState."""
+    now, current = signals.now, signals.current
+    # Every branch carries the signals' memory and clears the timers it does not run.
+    base = replace(state, trend=signals.trend, queue_over_at=signals.queue_over_at,
+                   up_since=None, down_since=None, down_floor=0)
+    if current > config.max_replicas:
+        target = config.max_replicas
+        return Outcome(target, f"down {current}→{target} (max_replicas)",
+                       replace(base, target_active=target, last_scale_down_at=now), target)
+    if wanted.up > current:
+        return _toward_up(wanted, signals, state, base, config)
+    down_to = max(wanted.down, signals.floor)
+    if wanted.slack and down_to < current:
+        return _toward_down(down_to, signals, state, base, config)
+    why = "symptoms not slack" if not wanted.slack and wanted.down < current else "within band"
+    return Outcome(current, f"hold {current} ({why})", replace(base, target_active=current),
+                   current)
+
+
+def _toward_up(wanted: Wish, signals: Signals, state: PolicyState, base: PolicyState,
+               config: AutoscaleConfig) -> Outcome:
+    now, current, load = signals.now, signals.current, signals.load
+    since = state.up_since if state.up_since is not None else now
+    urgent = current < signals.floor  # below the floor is acted on at once
+    delay = config.upscale_delay_s if wanted.symptom else config.rate_upscale_delay_s
+    if not urgent and now - since < delay:
+        return Outcome(current, f"hold {current}, up to {wanted.up} pending "
+                                f"({now - since:.1f}/{delay:g}s)",
+                       replace(base, target_active=current, up_since=since), current)
+    target = wanted.up
+    plan = promotions(load.active + load.starting, load.standby, signals.warm_ready, target)
+    tiers = ", ".join(f"{n} {t.value}" for t, n in plan.items()) or "already starting"
+    why = ""
+    if urgent:
+        why = (" from zero: requests held at the ingress" if current == 0 and load.pending
+               else f" to min_replicas {config.min_replicas}")
+    # TTFT and TPOT samples describe the past: they are ignored until the slowest new replica
+    # can have served a whole look-back window.
+    slowest = max((config.startup_s[t] for t in plan), default=0.0)
+    return Outcome(target, f"up {current}→{target} ({tiers}){why}",
+                   replace(base, target_active=target, last_scale_up_at=now,
+                           latency_blind_until=now + slowest + config.look_back_s), target)
+
+
+def _toward_down(down_to: int, signals: Signals, state: PolicyState, base: PolicyState,
+                 config: AutoscaleConfig) -> Outcome:
+    now, current = signals.now, signals.current
+    waiting_down = state.down_since is not None
+    since = state.down_since if waiting_down else now
+    # The highest need seen while waiting is the one applied (a stabilisation window).
+    down_floor = max(state.down_floor, down_to) if waiting_down else down_to
+    delay = config.downscale_delay_s
+    if down_floor == 0 and config.scale_to_zero_delay_s is not None:
+        delay = config.scale_to_zero_delay_s
+    waited = now - since >= delay
+    cooled = (state.last_scale_up_at is None
+              or now - state.last_scale_up_at >= config.downscale_cooldown_s)
+    # A hot standby is rebuilt from scratch (a cold start's worth of preparation), while
+    # an active replica about to go is already the faster thing: keep as many as the pool
+    # still lacks until it is ready, so a step coming back in that gap finds them.
+    missing = max(0, pool_for(signals, config, down_floor).hot - signals.load.standby)
+    keep = min(current, down_floor + missing)
+    if waited and cooled and keep < current:
+        lingering = keep > down_floor
+        kept = f", {keep - down_floor} kept until the pool is ready" if lingering else ""
+        return Outcome(keep, f"down {current}→{keep} (slack for {now - since:.0f}s{kept})",
+                       replace(base, target_active=keep, last_scale_down_at=now,
+                               down_since=since if lingering else None,
+                               down_floor=down_floor if lingering else 0), down_floor)
+    if waited and cooled:
+        why, pool_at = f"{missing} hot standby(s) not ready", down_floor
+    else:
+        why = "cool-down after scale-up" if waited else f"{now - since:.0f}/{delay:g}s"
+        pool_at = current
+    return Outcome(current, f"hold {current}, down to {down_floor} pending ({why})",
+                   replace(base, target_active=current, down_since=since, down_floor=down_floor),
+                   pool_at)
+
+
+def explain(outcome: Outcome, signals: Signals, needs: Needs, pool: PoolSizing,
+            config: AutoscaleConfig) -> str:
+    """The decision's reason: the action, every signal with its need, the pool."""
+    load, trend = signals.load, signals.trend
+    ignored = " (ignored: new replicas not yet reflected)" if signals.blind else ""
+    p = signals.ttft_p95_s
+    ttft = "no p95 TTFT" if p is None else (
+        f"p95 TTFT {p:.2f}s/{config.ttft_p95_target_s:.2f}s from {signals.ttft_samples} "
+        f"samples{ignored}")
+    p_tpot, tpot_target = signals.tpot_p95_s, config.tpot_p95_target_s
+    if tpot_target is None:
+        tpot = "TPOT not a signal"
+    elif p_tpot is None:
+        tpot = "no p95 TPOT"
+    else:
+        tpot = (f"p95 TPOT {1000 * p_tpot:.0f}ms/{1000 * tpot_target:.0f}ms from "
+                f"{signals.tpot_samples} samples{ignored}")
+    refill = ""
+    if load.standby < pool.hot or signals.warm_ready < pool.warm:
+        refill = (f"; refill hot {load.standby}→{pool.hot}, "
+                  f"warm {signals.warm_ready}→{pool.warm}")
+    return (
+        f"{outcome.action}: "
+        f"rate {trend.level:.2f} rps ±{trend.sigma:.2f}, trend {trend.slope:+.4f}/s "
+        f"(trusted {trend.trusted_slope:+.4f}/s) "
+        f"(need {needs.rate} at {config.replica_capacity_rps * config.target_utilization:.2f}"
+        f" rps/replica); queue {load.queue_per_active:.1f}/replica vs "
+        f"{config.target_queue_per_replica:g} (need {needs.queue}); {ttft} "
+        f"(need {needs.ttft}); {tpot} (need {needs.tpot}); kv {load.mean_kv_usage:.2f}; "
+        f"active {load.active} starting {load.starting} standby {load.standby} "
+        f"pending {load.pending}; {pool.reason}{refill}"
+    )

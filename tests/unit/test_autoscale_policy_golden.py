@@ -1,0 +1,43 @@
+"""`decide` makes, decision for decision, the choices the monolithic version made before it was
+split into stages: targets, pool, reason text and PolicyState, over 300 seeded runs
+(tests/unit/data/policy_golden.py builds them; policy_golden.json holds what the old code did)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+
+
+def _golden_module():
+    spec = importlib.util.spec_from_file_location("policy_golden", DATA / "policy_golden.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("policy_golden", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+golden = _golden_module()
+EXPECTED = json.loads((DATA / "policy_golden.json").read_text())
+
+
+def test_the_fixture_covers_every_case():
+    assert len(EXPECTED) == golden.CASES == len(golden.cases())
+
+
+@pytest.mark.parametrize("chunk", range(10))
+def test_decide_reproduces_the_frozen_decisions(chunk):
+    cases = golden.cases()
+    for i in range(chunk, len(cases), 10):
+        got = golden.record(golden.replay(cases[i]))
+        want = EXPECTED[i]
+        # Targets first, so a divergence names its step; then the digest of everything else.
+        assert got["targets"] == want["targets"], f"case {i}"
+        assert got["hot"] == want["hot"], f"case {i}"
+        assert got["sha256"] == want["sha256"], f"case {i}: reason or PolicyState differs"
