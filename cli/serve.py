@@ -37,7 +37,8 @@ def _load(config: Optional[Path]) -> ClusterSpec:
     try:
         return load_deployable(config)
     except ConfigError as e:
-        err.print(f"[red]error:[/] {e}", highlight=False)
+        # soft_wrap: one line per field, as the README shows, not re-wrapped at the terminal width.
+        err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 

@@ -6,17 +6,68 @@ from __future__ import annotations
 
 import os
 
-from hbmserve.core.config import ClusterSpec, ConfigError, load_cluster_spec
+from hbmserve.core.config import ClusterSpec, ConfigError, EngineKind, load_cluster_spec
 from hbmserve.placement.cluster_file import TopologyFileError, load_cluster_file
+
+_VLLM_ENGINES = (EngineKind.VLLM_CPU, EngineKind.VLLM_GPU)
 
 
 def load_deployable(path: str | os.PathLike[str] | None = None) -> ClusterSpec:
-    """`load_cluster_spec`, then the topology file's contents; raises ConfigError."""
+    """`load_cluster_spec`, then the topology file's contents and each vLLM model's argument
+    list as vLLM's own parser reads it; raises ConfigError naming every bad field."""
     spec = load_cluster_spec(path)
     source = str(path) if path is not None else "(embedded default)"
-    if spec.topology is not None:
-        try:
-            load_cluster_file(spec.topology)
-        except TopologyFileError as err:
-            raise ConfigError(f"invalid config {source}:\n  topology: {err}") from None
+    problems = _topology_problems(spec) + vllm_problems(spec)
+    if problems:
+        raise ConfigError("\n  ".join([f"invalid config {source}:", *problems]))
     return spec
+
+
+def _topology_problems(spec: ClusterSpec) -> list[str]:
+    if spec.topology is None:
+        return []
+    try:
+        load_cluster_file(spec.topology)
+    except TopologyFileError as err:
+        return [f"topology: {err}"]
+    return []
+
+
+def vllm_problems(spec: ClusterSpec) -> list[str]:
+    """For each model on a vLLM engine, the argv its replicas will build (hbmserve's arguments
+    plus `engine_settings.vllm_args`), put through vLLM's own parser and start-up checks, one
+    line per problem naming the field. Needs vLLM where this runs; models on the simulated
+    engine need nothing (the schema already refuses vllm_args there)."""
+    models = [(i, m) for i, m in enumerate(spec.models) if m.engine in _VLLM_ENGINES]
+    if not models:
+        return []
+    from hbmserve.deployments.engine_args import vllm_launch
+    from hbmserve.deployments.vllm_argv import launch_problems, serve_parser
+
+    try:
+        parser = serve_parser()
+    except ModuleNotFoundError as err:
+        if err.name != "vllm":  # a broken vLLM install is not a config error
+            raise
+        return [f"models.{i}.engine: {m.engine.value} is checked with vLLM's own argument parser before any "
+                f"replica starts, and vLLM is not installed here (install hbmserve[cpu] or hbmserve[gpu] where "
+                f"`hbmserve up`/`hbmserve deploy` runs)" for i, m in models]
+    problems = []
+    for i, m in models:
+        # Host and port do not change what vLLM accepts; the replica fills in its own.
+        for err in launch_problems(parser, vllm_launch(m, spec.serve.http.host, spec.serve.http.port)):
+            if err.key is not None:
+                field = f"models.{i}.engine_settings.vllm_args.{err.key}"
+            elif m.engine_settings.vllm_args:
+                field = f"models.{i}.engine_settings.vllm_args"
+            else:
+                field = f"models.{i}"
+            problems.append(f"{field}: {_indented(str(err))}")
+    return problems
+
+
+def _indented(text: str) -> str:
+    # vLLM's messages can span lines (pydantic's, for a JSON argument); keep them under the field,
+    # without pydantic's link to its own docs.
+    lines = [line for line in text.splitlines() if line.strip() and "errors.pydantic.dev" not in line]
+    return "\n      ".join(lines)

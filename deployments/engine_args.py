@@ -2,11 +2,15 @@
 
 The output is vLLM's own CLI vocabulary, so the same list works for
 `python -m vllm.entrypoints.openai.api_server` (the bare baseline) and for the in-replica server.
+The user's pass-through map (`engine_settings.vllm_args`) travels alongside as written: how a
+value is spelt on the command line depends on the argument (vllm_argv.launch_argv turns the
+whole launch into one argv with vLLM's own parser).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hbmserve.core.config import EngineKind, ModelSpec
 
@@ -15,8 +19,9 @@ _QUANT_TO_VLLM = {"fp8": "fp8", "int8": "bitsandbytes", "int4": "bitsandbytes", 
 
 @dataclass(frozen=True)
 class EngineLaunch:
-    cli_args: tuple[str, ...]
+    cli_args: tuple[str, ...]  # hbmserve's own arguments, from the typed fields
     env: tuple[tuple[str, str], ...]
+    vllm_args: tuple[tuple[str, Any], ...] = ()  # engine_settings.vllm_args, in file order
 
 
 def vllm_launch(model: ModelSpec, host: str, port: int) -> EngineLaunch:
@@ -51,4 +56,5 @@ def vllm_launch(model: ModelSpec, host: str, port: int) -> EngineLaunch:
             args += ["--kv-offloading-size", str(s.kv_offload_gib)]
         if model.parallelism.tp * model.parallelism.pp > 1:
             args += ["--distributed-executor-backend", "ray"]
-    return EngineLaunch(cli_args=tuple(args), env=tuple(sorted(env.items())))
+    return EngineLaunch(cli_args=tuple(args), env=tuple(sorted(env.items())),
+                        vllm_args=tuple(s.vllm_args.items()))

@@ -15,6 +15,7 @@ from contextlib import AsyncExitStack
 
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import EngineLaunch
+from hbmserve.deployments.vllm_argv import parse_launch
 from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
 
@@ -35,20 +36,15 @@ class VLLMHttpServer:
         self._stack = AsyncExitStack()
         self.listener = AsgiListener()
 
-    def _parse_args(self):
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-        parser = make_arg_parser(FlexibleArgumentParser(description="hbmserve replica"))
-        return parser.parse_args(list(self.launch.cli_args))
-
     async def start(self, listen: bool = True) -> str:
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
         from vllm.entrypoints.launchers.app import build_app
 
         os.environ.update(dict(self.launch.env))
-        args = self._parse_args()
+        # hbmserve's arguments plus engine_settings.vllm_args, parsed by vLLM's own parser (engine
+        # and OpenAI-frontend arguments alike: one namespace serves both, as in `vllm serve`).
+        args = parse_launch(self.launch)
         try:
             self.engine_client = await self._stack.enter_async_context(build_async_engine_client(args))
             tasks = await self.engine_client.get_supported_tasks()

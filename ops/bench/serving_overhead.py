@@ -24,6 +24,7 @@ import httpx
 
 from hbmserve.core.config import load_cluster_spec
 from hbmserve.deployments.engine_args import vllm_launch
+from hbmserve.deployments.vllm_argv import launch_argv, serve_parser
 
 METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 P95_METRICS = ("p95_ttft_ms", "p95_tpot_ms")
@@ -66,7 +67,7 @@ def bare_vllm(model, extra_env: dict[str, str]):
     """Bare `vllm.entrypoints.openai.api_server` with the same engine arguments hbmserve uses."""
     launch = vllm_launch(model, "127.0.0.1", BARE_PORT)
     env = {**os.environ, **dict(launch.env), **extra_env}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *launch.cli_args]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *launch_argv(serve_parser(), launch)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{BARE_PORT}"
