@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -61,10 +62,12 @@ def _ensure_local_models(spec: ClusterSpec) -> None:
 
 
 def _print_endpoints(spec: ClusterSpec, endpoints: dict[str, str], dashboard: str | None) -> None:
-    for name, url in endpoints.items():
-        out.print(f"[bold green]serving[/] {name} at [bold]{url}/v1[/]")
     name, url = next(iter(endpoints.items()))
-    auth = ' -H "Authorization: Bearer $KEY"' if spec.serve.api_key_env else ""
+    out.print(f"[bold green]serving[/] {', '.join(endpoints)} at [bold]{url}/v1[/] (every node's front door)")
+    auth = ' -H "Authorization: Bearer $HBMSERVE_API_KEY"' if spec.serve.auth else ""
+    if spec.serve.auth:
+        out.print(f"auth enforced: set HBMSERVE_API_KEY to a key of a tenant in {spec.serve.auth.keys_file}",
+                  highlight=False)
     out.print("try:", style="dim")
     out.print(
         f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
@@ -112,16 +115,37 @@ def up(
     _print_endpoints(spec, endpoints, dashboard)
     if detach:
         return
+    _serve_until_stopped(own_head)
+
+
+# How often `up` checks that its cluster and deployment still exist.
+WATCH_S = 2.0
+
+
+def _serve_until_stopped(own_head: bool) -> None:
+    """Serve until Ctrl-C or SIGTERM, or until the cluster or the deployment goes away (another
+    terminal ran `hbmserve down`); then clean up what is left. A second Ctrl-C while cleaning up
+    exits at once."""
+    from hbmserve.cluster import ray_cluster as rc
+
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     out.print("serving; press Ctrl-C to stop", style="dim")
+    gone = None
     try:
-        while not stop.wait(1.0):
-            pass
+        while not stop.wait(WATCH_S):
+            gone = rc.deployment_gone()
+            if gone:
+                break
     except KeyboardInterrupt:
         pass
-    with err.status("shutting down"):
-        rc.undeploy_all()
+    if gone:
+        err.print(f"[yellow]{gone}[/]; exiting", highlight=False)
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # a second Ctrl-C: leave now
+    with err.status("shutting down (Ctrl-C again to leave at once)"):
+        if not gone or rc.local_head_running():
+            with contextlib.suppress(Exception):
+                rc.undeploy_all()
         rc.disconnect()
         if own_head:
             rc.stop_local_head()
@@ -185,10 +209,11 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         if m.autoscale:
             out.print(f"[bold]{m.name}[/] autoscale -> {m.autoscale.serve_target} replicas: {m.autoscale.reason}",
                       highlight=False)
-        if m.gate:
-            where = "listening: no replica active" if m.gate.listening else "idle: replicas serve the port"
-            out.print(f"[bold]{m.name}[/] scale-to-zero gate {where}; holding {m.gate.held} request(s)",
-                      highlight=False)
+        if m.traffic:
+            t = m.traffic
+            out.print(f"[bold]{m.name}[/] front doors: {sum(x.accepted for x in t)} accepted, "
+                      f"{sum(x.rejected for x in t)} refused, {sum(x.queued for x in t)} queued now; "
+                      f"replicas reached: {' / '.join(str(x.routable) for x in t)}", highlight=False)
         placed = [r.placement for r in m.replica_stats if r.placement is not None]
         if placed:
             ok = sum(1 for p in placed if p.placement_verified)

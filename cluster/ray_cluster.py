@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hbmserve.core.config import ClusterSpec
-from hbmserve.core.records import DecisionRecord, GateInfo, PlacementReport, Record, RecordError, ReplicaInfo
+from hbmserve.core.records import (DecisionRecord, IngressInfo, ModelTraffic, PlacementReport, Record, RecordError,
+                                   ReplicaInfo)
 from hbmserve.core.scaling import ReplicaState
 
 NAMESPACE = "hbmserve"
@@ -88,6 +89,24 @@ def connect(address: str | None) -> str:
     return addr
 
 
+def deployment_gone() -> str | None:
+    """Why the deployment this process made is no longer there, or None while it is: the Ray
+    cluster stopped answering, or the front door application was removed (`hbmserve down`)."""
+    import ray
+    from ray import serve
+
+    from hbmserve.deployments.front_door import APP_NAME
+
+    address = ray.get_runtime_context().gcs_address
+    if not _port_open(address):
+        return f"the Ray cluster at {address} is gone"
+    try:
+        apps = serve.status().applications
+    except Exception as err:  # noqa: BLE001 - any failure to read status means we cannot serve
+        return f"cannot read the deployment's status ({type(err).__name__}: {err})"
+    return None if APP_NAME in apps else "the deployment was removed (by `hbmserve down`?)"
+
+
 def disconnect() -> None:
     import ray
 
@@ -95,56 +114,75 @@ def disconnect() -> None:
 
 
 def deploy(spec: ClusterSpec) -> dict[str, str]:
-    """Deploy every model of `spec` as its own Serve application; waits until each serves.
+    """Deploy every model of `spec` as its own Serve application, and the front door on every
+    node; waits until the front door answers. Returns model name -> endpoint URL (one URL for
+    all: the front door routes by the request's `model`)."""
+    import secrets
 
-    Returns model name -> endpoint URL.
-    """
+    import ray
     from ray import serve
 
-    from hbmserve.deployments.records_store import read_ingress_info
-    from hbmserve.deployments.serve_app import build_model_app, model_ports, unsupported_engines
+    from hbmserve.deployments.front_door import APP_NAME, build_front_door_app
+    from hbmserve.deployments.front_door_access import AccessConfigError, load_key_ring
+    from hbmserve.deployments.serve_app import build_model_app, unsupported_engines
 
     problems = unsupported_engines(spec)
     if problems:
         raise ClusterError("cannot deploy:\n  " + "\n  ".join(problems))
+    try:
+        load_key_ring(spec.serve.auth)  # here first, for a clear error before anything starts
+    except AccessConfigError as err:
+        raise ClusterError(f"cannot deploy: {err}") from None
     plans = _placement_plans(spec)  # before Serve starts: an infeasible plan deploys nothing
-    # No Serve proxy: replicas serve HTTP themselves (deployments/vllm_server.py says why).
+    # No Serve proxy: the front door carries the bytes (deployments/front_door.py says why).
     serve.start(proxy_location="Disabled", http_options={"host": spec.serve.http.host})
-    ports = model_ports(spec)
-    endpoints = {}
+    # Proves the front door to the replicas; new per deploy, so every app deployed now uses it.
+    token = secrets.token_urlsafe(32)
     for m in spec.models:
         if m.name in plans:
             from hbmserve.deployments.placed_app import build_placed_app
 
             result, topology = plans[m.name]
-            app = build_placed_app(spec.serve.http.host, spec.serve.api_key_env, m, ports[m.name], result, topology)
+            app = build_placed_app(spec.serve.http.host, token, m, result, topology)
         else:
-            app = build_model_app(spec, m, ports[m.name])
+            app = build_model_app(spec, m, token)
         try:
-            handle = serve.run(app, name=m.name, route_prefix=None)
+            serve.run(app, name=m.name, route_prefix=None, blocking=False)
         except RuntimeError as err:
             raise ClusterError(f"model {m.name} failed to deploy: {err}") from None
-        with _closing(handle):
-            try:
-                endpoints[m.name] = read_ingress_info(handle.info.remote().result(timeout_s=60)).url
-            except RecordError as err:
-                raise ClusterError(f"model {m.name} deployed, but its ingress answered: {err}") from None
-        # An autoscaled replica binds the port once the policy makes it active (one control
-        # loop tick); the endpoint is returned when it answers.
-        _wait_listening(endpoints[m.name], timeout_s=60)
-    return endpoints
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    try:
+        handle = serve.run(build_front_door_app(spec, token, nodes), name=APP_NAME, route_prefix=None)
+    except RuntimeError as err:
+        raise ClusterError(f"the front door failed to start: {err}") from None
+    with _closing(handle):
+        url = _wait_serving(spec, handle, timeout_s=600)
+    return {m.name: url for m in spec.models}
 
 
-def _wait_listening(url: str, timeout_s: float) -> None:
-    from urllib.parse import urlsplit
+def _wait_serving(spec: ClusterSpec, handle, timeout_s: float) -> str:
+    """Until the front door routes to every model whose replicas must be up (min_replicas > 0);
+    returns its URL. A model whose deployment failed is a ClusterError with Serve's message."""
+    from ray import serve
 
-    parts = urlsplit(url)
-    host = "127.0.0.1" if parts.hostname in ("0.0.0.0", "::") else parts.hostname
+    from hbmserve.deployments.records_store import read_ingress_info
+
+    must = {m.name for m in spec.models if (m.replicas if m.autoscaling is None else m.autoscaling.min_replicas) > 0}
     deadline = time.monotonic() + timeout_s
-    while not _port_open(f"{host}:{parts.port}"):
+    while True:
+        info = read_ingress_info(handle.info.remote().result(timeout_s=30))
+        waiting = must - {t.model for t in info.models if t.routable > 0}
+        if not waiting:
+            return info.url
+        apps = serve.status().applications
+        for name in waiting:
+            app = apps.get(name)
+            if app is not None and str(getattr(app.status, "value", app.status)) in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise ClusterError(f"model {name} failed to deploy: {app.message}")
         if time.monotonic() > deadline:
-            raise ClusterError(f"{url} is not listening {timeout_s:g}s after the deployment started")
-        time.sleep(0.2)
+            raise ClusterError(f"no replica of {', '.join(sorted(waiting))} is serving {timeout_s:g}s after the "
+                               "deployment started (see `hbmserve status`)")
+        time.sleep(0.3)
 
 
 def _placement_plans(spec: ClusterSpec) -> dict:
@@ -182,7 +220,7 @@ class ReplicaStats(Record):
     accepted: int  # requests admitted since the replica started
     rejected: int  # 429s
     in_flight: int
-    role: ReplicaState = ReplicaState.ACTIVE  # or STANDBY: loaded, out of rotation (autoscale/roles.py)
+    role: ReplicaState = ReplicaState.ACTIVE  # or STANDBY: loaded, not routed to (autoscale/roles.py)
     # Planned replicas only: placement_verified and what crossed (placement/verification.py).
     placement: PlacementReport | None = None
 
@@ -201,8 +239,8 @@ class ModelStatus(Record):
     replica_stats: tuple[ReplicaStats, ...] = ()  # the running replicas that answered
     # The autoscaling policy's last decision and reason; None with a fixed replica count.
     autoscale: DecisionRecord | None = None
-    # A scale-to-zero model's gate (deployments/gate.py): listening, held requests.
-    gate: GateInfo | None = None
+    # What each front door saw of this model: admitted, refused, queued, replicas it reaches.
+    traffic: tuple[ModelTraffic, ...] = ()
 
 
 @contextlib.contextmanager
@@ -238,30 +276,51 @@ def status() -> list[ModelStatus]:
         raise ClusterError(str(err)) from None
 
 
+def front_doors() -> list[IngressInfo]:
+    """Every running front door's report (one per node), found by asking its deployment a few
+    times: a handle picks a replica per call."""
+    from ray import serve
+
+    from hbmserve.deployments.front_door import APP_NAME
+    from hbmserve.deployments.records_store import read_ingress_info
+
+    app = serve.status().applications.get(APP_NAME)
+    running = sum(d.replica_states.get("RUNNING", 0) for d in app.deployments.values()) if app else 0
+    seen: dict[str, IngressInfo] = {}
+    if running:
+        with _closing(serve.get_deployment_handle("frontdoor", app_name=APP_NAME)) as handle:
+            for _ in range(5):
+                for response in [handle.info.remote() for _ in range(2 * running)]:
+                    info = read_ingress_info(response.result(timeout_s=10))
+                    seen[info.own_url] = info
+                if len(seen) >= running:
+                    break
+    return [seen[k] for k in sorted(seen)]
+
+
 def _status() -> list[ModelStatus]:
     import logging
 
     from ray import serve
 
-    from hbmserve.deployments.records_store import latest_decision, read_gate_info
+    from hbmserve.deployments.front_door import APP_NAME
+    from hbmserve.deployments.records_store import latest_decision
 
     # The handle's router warns each time a busy replica answers its queue-length probe late
     # (routinely, with tens of replicas on two cores); status only reads counters.
     logging.getLogger("ray.serve").setLevel(logging.ERROR)
 
+    doors = front_doors()
+    endpoints = tuple(sorted({d.url for d in doors}))
     out = []
     for name, app in serve.status().applications.items():
+        if name == APP_NAME:
+            continue
         replicas: dict[str, int] = {}
         seen: dict[str, ReplicaInfo] = {}
-        gate: GateInfo | None = None
         # A planned model has a deployment per replica (deployments/placed_app.py): probe each.
         for dep_name, dep in app.deployments.items():
             states = {str(getattr(state, "value", state)): n for state, n in dep.replica_states.items()}
-            if dep_name.startswith("gate-"):
-                if states.get("RUNNING", 0):
-                    with _closing(serve.get_deployment_handle(dep_name, app_name=name)) as handle:
-                        gate = read_gate_info(handle.info.remote().result(timeout_s=10))
-                continue
             for state, n in states.items():
                 replicas[state] = replicas.get(state, 0) + n
             if states.get("RUNNING", 0):
@@ -269,10 +328,9 @@ def _status() -> list[ModelStatus]:
                     seen |= _probe_replicas(handle, states["RUNNING"])
         stats = tuple(ReplicaStats.of(key, i) for key, i in sorted(seen.items()))
         decisions = [d for d in (latest_decision(name, dep) for dep in app.deployments) if d]
-        out.append(ModelStatus(name, str(getattr(app.status, "value", app.status)), replicas,
-                               tuple(sorted({s.url for s in stats} | ({gate.url} if gate else set()))),
-                               app.message, stats,
-                               decisions[0] if decisions else None, gate))
+        traffic = tuple(t for d in doors for t in d.models if t.model == name)
+        out.append(ModelStatus(name, str(getattr(app.status, "value", app.status)), replicas, endpoints,
+                               app.message, stats, decisions[0] if decisions else None, traffic))
     return out
 
 

@@ -276,8 +276,19 @@ class ModelSpec(_Strict):
 
 
 class HttpSpec(_Strict):
+    """The front door: every model on one port, on every node (deployments/front_door.py)."""
+
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    # Connection hardening: a client must send its headers, then its body, within these; slow
+    # or idle clients never hold an admission slot (admission starts once the body is in).
+    header_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    body_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024  # past it: 413
+    keep_alive_s: Annotated[int, Field(ge=1)] = 5  # idle keep-alive connections are closed after it
+    max_connections: Annotated[int, Field(ge=16)] = 1024  # per front door; past it: 503
+    # A replica that accepted a request but sent no byte within this is answered 504.
+    first_byte_timeout_s: Annotated[float, Field(gt=0)] = 600.0
 
 
 class ServeSpec(_Strict):

@@ -1,12 +1,18 @@
 """The records one process hands to another, typed, each with one JSON form.
 
 * `DecisionRecord`: what the autoscaling policy (in Serve's controller) publishes per decision.
-  Read by the replicas (they bind the model's port only if listed active), a model's gate,
-  `hbmserve status` and the benchmarks.
+  Read by the front doors (they route only to the replicas it lists active), `hbmserve status`
+  and the benchmarks.
+* `ReplicaEndpoint`: a replica's announcement of where it listens, renewed while it lives.
+  Read by the front doors.
+* `HeldCount`: requests one front door holds for a model with no active replica, renewed while
+  it holds them. Read by the autoscaling policy (scale from zero).
 * `ReplicaInfo`: what an engine replica reports about itself (its `info()` over a Serve handle),
-  with a `PlacementReport` when the replica was placed by the planner. Read by `hbmserve status`,
-  `deploy` and a model's gate.
-* `GateInfo`: the same for a scale-to-zero model's gate.
+  with a `PlacementReport` when the replica was placed by the planner. Read by `hbmserve status`.
+* `IngressInfo`: the same for a front door.
+
+A record that a component renews (`at` on the writer's wall clock) is read only while fresh:
+a component that dies stops renewing, so what it published cannot outlive it.
 
 Frozen dataclasses inside; pydantic only at the edge, in `from_json`/`from_dict`, in strict
 mode (a string is not a number, `true` is not 1). Where the records travel (Ray's internal KV,
@@ -26,7 +32,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, TypeVar
+from typing import Any, Mapping, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -100,10 +106,10 @@ class DecisionRecord(Record):
     # Replicas to keep ready per tier beyond the active ones: HOT are loaded engines Serve runs;
     # WARM and COLD are for a node-pool executor (none yet).
     target_standby: Mapping[Tier, int]
-    # Serve replica ids assigned traffic: a replica listens on the model's port only if listed.
+    # Serve replica ids assigned traffic: the front doors route only to these.
     active_replicas: tuple[str, ...]
     standby_replicas: tuple[str, ...]  # running, engine loaded, out of rotation
-    # Requests the model's gate held when the policy decided (added with scale to zero).
+    # Requests the front doors held when the policy decided (added with scale to zero).
     held_at_ingress: int = 0
     # Start-up seconds per tier the policy planned with; WARM is what the replicas measured.
     # Added with measured start-up.
@@ -148,9 +154,8 @@ class ReplicaInfo(Record):
 
     model: str
     engine: str  # the EngineKind value; a string so that a reader need not know every engine
-    url: str  # the model's shared endpoint (SO_REUSEPORT): the same for all its replicas
-    private_url: str | None  # this replica alone, for a gate's forwarding; None while not listening
-    role: ReplicaState  # ACTIVE listens on the shared port; STANDBY is loaded but out of rotation
+    url: str  # this replica's private HTTP server; only the front door may use it
+    role: ReplicaState  # ACTIVE is routed to; STANDBY is loaded but not routed to
     replica: str  # Serve's replica id: what DecisionRecord.active_replicas lists
     node_id: str  # Ray node id
     pid: int
@@ -171,17 +176,48 @@ class ReplicaInfo(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GateInfo(Record):
-    """What a scale-to-zero model's gate (deployments/gate.py) reports about itself."""
+class ReplicaEndpoint(Record):
+    """Where one engine replica serves; renewed every few seconds while the replica lives."""
+
+    app: str  # Serve application (the model's name)
+    deployment: str
+    replica: str  # Serve's replica id: what DecisionRecord.active_replicas lists
+    model: str
+    url: str
+    node_id: str
+    at: float  # wall clock of the last renewal
+
+    def fresh(self, now: float, ttl_s: float) -> bool:
+        return now - self.at <= ttl_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeldCount(Record):
+    """Requests one front door holds for a model that has no active replica."""
+
+    held: int
+    at: float  # wall clock of the last renewal
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelTraffic(Record):
+    """One front door's view of one model."""
 
     model: str
-    url: str  # the model's shared endpoint, which the gate holds while no replica is active
-    # Marks a gate's answer: a scale-to-zero model's application ingress is its gate.
-    gate: Literal[True] = True
-    listening: bool  # on the shared port now (no active replica)
-    held: int  # requests waiting for a replica
-    accepted: int
-    rejected: int
-    # How many replicas the gate last saw assigned traffic: a count, where DecisionRecord's
-    # `active_replicas` is the list of ids (the gate's answer once reused that name for it).
-    active_replica_count: int = 0
+    accepted: int  # admitted since the front door started
+    rejected: int  # 429/503 answers of admission
+    in_flight: int  # admitted and not finished, queued ones included
+    queued: int  # admitted, waiting for a replica (scale from zero, burst)
+    routable: int  # active replicas this front door reaches now
+
+
+@dataclass(frozen=True, kw_only=True)
+class IngressInfo(Record):
+    """What a front door (deployments/front_door.py) reports about itself."""
+
+    node_id: str
+    url: str  # the cluster's endpoint on this node: the same port on every node
+    own_url: str  # this front door alone (an ephemeral port), for probes and tests
+    auth: bool  # API keys enforced
+    connections: int  # client connections open now
+    models: tuple[ModelTraffic, ...]

@@ -9,10 +9,9 @@ parameter fails a test rather than a replica in a live cluster.
 
 Life of a server, as the replica drives it:
 
-    server = factory(model, host, port, api_keys)   # cheap: no engine, no socket
-    url = await server.start(listen=...)             # load the engine, then listen (or not)
-    ... server.listener.pause() / resume()           # role changes (autoscale/roles.py)
-    ... server.engine_stats(), server.counters       # autoscaling stats, info(), health
+    server = factory(model, host, internal_token)    # cheap: no engine, no socket
+    url = await server.start()                       # load the engine, then listen privately
+    ... server.engine_stats(), server.counters       # load reports, autoscaling stats, health
     await server.stop()                              # drain, then free the engine
 
 Everything here is called on the replica's event loop; none of it may block that loop for
@@ -23,7 +22,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from hbmserve.deployments.ingress_middleware import LoadCounters
+from hbmserve.deployments.replica_middleware import LoadCounters
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
 
 
@@ -31,30 +30,22 @@ class EngineServer(Protocol):
     """What `EngineReplica` uses of its server; nothing else may be assumed by the replica."""
 
     counters: LoadCounters
-    """The ingress middleware's per-replica counters (admitted, rejected, in flight, TTFT and
+    """The replica middleware's per-replica counters (admitted, rejected, in flight, TTFT and
     TPOT samples, arrivals). The replica reads them for `info()` and the autoscaling stats; the
     server's middleware is their only writer."""
 
     listener: AsgiListener
-    """The uvicorn listener on the model's shared port. The replica follows the autoscaler's
-    role assignment through it: `pause()` takes a demoted replica out of the port's rotation
-    (in-flight requests finish), `resume()` puts a promoted one back, `serving` says which, and
-    `private_url` is where a model's gate forwards held requests to this replica alone."""
+    """The uvicorn listener on the replica's private port (only the front door connects);
+    `url` is what the replica announces, `serving` whether it still listens."""
 
-    async def start(self, listen: bool = True) -> str:
-        """Load the engine, then serve its OpenAI-compatible app.
+    async def start(self) -> str:
+        """Load the engine, then serve its OpenAI-compatible app on a private port.
 
-        The engine must be fully loaded before the port is bound: the port is shared by all
-        the model's replicas (SO_REUSEPORT), and a loading replica that listened would take its
-        share of connections and hold them for the whole load.
-
-        Args:
-            listen: True to bind the model's shared port once loaded (an active replica);
-                False to load the engine and prepare the app without binding (a hot standby,
-                which `listener.resume()` later puts into rotation).
+        The engine must be fully loaded before the port is bound: the replica announces the
+        URL to the front door as soon as this returns, and traffic may follow at once.
 
         Returns:
-            The model's endpoint URL (`http://host:port`), the same for every replica.
+            The replica's own URL (`http://host:port`, an ephemeral port).
 
         Raises:
             Whatever the engine raises while loading; the server has then released what it
@@ -75,7 +66,6 @@ class EngineServer(Protocol):
         ...
 
     def healthy(self) -> bool:
-        """Serve's health check: True while the engine works and the server is either
-        listening or deliberately paused (a standby). False once stopped or the engine failed;
-        Serve then replaces the replica."""
+        """Serve's health check: True while the engine works and the server listens. False
+        once stopped or the engine failed; Serve then replaces the replica."""
         ...

@@ -4,8 +4,8 @@ Used when the config names a cluster `topology` and the model needs GPUs
 (`ClusterSpec.plans_placement`). The placement planner decides every replica's nodes, NVLink
 islands and GPUs; each replica then becomes its own deployment, `engine-<model>-r<i>` with
 `num_replicas=1`, whose placement group comes from the Ray adapter (one GPU per bundle, pinned to
-the planned island) and whose `VLLM_RAY_BUNDLE_INDICES` pins vLLM's rank order. All of them serve
-the model's one shared port (SO_REUSEPORT), so the endpoint is the same as without planning.
+the planned island) and whose `VLLM_RAY_BUNDLE_INDICES` pins vLLM's rank order. Each announces its endpoint like any replica, so the front door routes to
+them and the endpoint is the same as without planning.
 
 A started replica checks where its bundles landed (placement/ray_observe.py), compares that
 with its plan (placement/verification.py), logs a warning with the extra all-reduce cost when a
@@ -98,7 +98,7 @@ class PlacedEngineReplica(EngineReplica):
     application when the ingress binds it, so replica 0 binds the rest; it never calls them.
     """
 
-    async def __init__(self, model_json: str, host: str, port: int, api_key_env: str | None,
+    async def __init__(self, model_json: str, host: str, internal_token: str,
                      result: PlacementPlan, topology: ClusterTopology, pg: PlacementGroupSpec, *peers) -> None:
         from hbmserve.placement.ray_observe import observe_ranks
 
@@ -108,7 +108,7 @@ class PlacedEngineReplica(EngineReplica):
         self.verification = verify_replica(result, pg.replica, reports, topology)
         self.placement = placement_report(self.verification, reports)
         self._record_metrics(deployment_name(model, pg.replica))
-        await super().__init__(model_json, host, port, api_key_env)
+        await super().__init__(model_json, host, internal_token)
 
     def _record_metrics(self, deployment: str) -> None:
         from hbmserve.placement.ray_observe import log_verification, publish_verification_metrics
@@ -120,7 +120,7 @@ class PlacedEngineReplica(EngineReplica):
         return dataclasses.replace(super()._replica_info(), placement=self.placement)
 
 
-def build_placed_app(host: str, api_key_env: str | None, model: ModelSpec, port: int,
+def build_placed_app(host: str, internal_token: str, model: ModelSpec,
                      result: PlacementPlan, topology: ClusterTopology):
     """The model's one Serve application: a deployment per planned replica, replica 0 as ingress."""
     from ray import serve
@@ -128,6 +128,6 @@ def build_placed_app(host: str, api_key_env: str | None, model: ModelSpec, port:
     bound = []
     for pg in placed_specs(model, result, topology):
         deployment = serve.deployment(PlacedEngineReplica, **deployment_options(model, pg))
-        bound.append((deployment, (model.model_dump_json(), host, port, api_key_env, result, topology, pg)))
+        bound.append((deployment, (model.model_dump_json(), host, internal_token, result, topology, pg)))
     (first, first_args), rest = bound[0], bound[1:]
     return first.bind(*first_args, *(d.bind(*args) for d, args in rest))

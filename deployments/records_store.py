@@ -2,14 +2,19 @@
 
 * Decision records: Ray's internal KV, key `autoscale/<app>/<deployment>` (namespace hbmserve),
   written on every policy tick by `DecisionLog`, which also sets Ray gauges that Prometheus
-  scrapes with Ray's other metrics. Read by the replicas (which follow its `active_replicas`),
-  a model's gate, `hbmserve status` and the benchmarks, through `latest_decision`.
-* The held-at-ingress count, the one signal that flows the other way: how many requests a
-  model's gate (gate.py) holds while no replica serves. KV key `held/<app>/<deployment>`,
-  written by the gate (`publish_held`), read by the policy (`held_at_ingress`).
-* `ReplicaInfo` / `GateInfo`: what an engine replica's or gate's `info()` answers over a Serve
-  handle. Plain JSON data on the wire (`info_reply`), not pickled classes, so that a caller and
-  a replica of different versions still understand each other; typed again by `read_*_info`.
+  scrapes with Ray's other metrics. Read by the front doors (which route to its
+  `active_replicas`), `hbmserve status` and the benchmarks, through `latest_decision`.
+* Replica endpoints: KV key `endpoint/<app>/<deployment>/<replica>`, renewed by each replica
+  (`publish_endpoint`) every few seconds, read by the front doors (`live_endpoints`).
+* Held counts, the one signal that flows back to the policy: requests a front door holds for a
+  model with no active replica. KV key `held/<app>/<deployment>/<front door>`, renewed by each
+  front door while it holds any (`publish_held`), summed by the policy (`held_at_ingress`).
+  Renewed records carry the writer's wall clock; a reader ignores, and deletes, those older than
+  their time to live, so a component that dies cannot pin a count or an address for long.
+* `ReplicaInfo` / `IngressInfo`: what an engine replica's or front door's `info()` answers over
+  a Serve handle. Plain JSON data on the wire (`info_reply`), not pickled classes, so that a
+  caller and a replica of different versions still understand each other; typed again by
+  `read_*_info`.
 
 Each reader raises RecordError (a ValueError) with the KV key or reply it read on malformed
 data. Thin on purpose: no decisions here. Every function imports Ray when called, so importing
@@ -18,9 +23,11 @@ this module starts and connects nothing.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from hbmserve.core.records import DecisionRecord, GateInfo, RecordError, ReplicaInfo
+from hbmserve.core.records import (DecisionRecord, HeldCount, IngressInfo, RecordError, ReplicaEndpoint,
+                                   ReplicaInfo)
 
 KV_NAMESPACE = "hbmserve"
 
@@ -29,8 +36,18 @@ def _decision_key(app: str | None, deployment: str) -> str:
     return f"autoscale/{app or '-'}/{deployment}"
 
 
-def _held_key(app: str | None, deployment: str) -> str:
-    return f"held/{app or '-'}/{deployment}"
+def _held_key(app: str | None, deployment: str, holder: str = "") -> str:
+    return f"held/{app or '-'}/{deployment}/{holder}"
+
+
+def _endpoint_key(ep: ReplicaEndpoint) -> str:
+    return f"endpoint/{ep.app}/{ep.deployment}/{ep.replica}"
+
+
+# A renewing writer renews every RENEW_S; a reader trusts a record for TTL_S (three renewals
+# missed), so a dead writer's record is ignored within TTL_S.
+RENEW_S = 2.0
+TTL_S = 3 * RENEW_S
 
 
 # Gauge name -> help. One series per app/deployment; values from the record in `publish`.
@@ -38,7 +55,7 @@ _GAUGES = {
     "hbmserve_autoscale_target_replicas": "Replicas the hbmserve policy asked Serve for",
     "hbmserve_autoscale_active_replicas": "Replicas assigned traffic",
     "hbmserve_autoscale_standby_replicas": "Hot standbys: loaded, out of rotation",
-    "hbmserve_autoscale_held_requests": "Requests held by a scale-to-zero gate",
+    "hbmserve_autoscale_held_requests": "Requests the front doors hold for lack of an active replica",
 }
 
 
@@ -77,36 +94,59 @@ def latest_decision(app: str | None, deployment: str) -> DecisionRecord | None:
     return DecisionRecord.from_json(raw, source=f"Ray KV {KV_NAMESPACE}/{key}") if raw else None
 
 
-def publish_held(app: str | None, deployment: str, held: int) -> None:
-    """Called by a model's gate whenever the number of requests it holds changes."""
+def _kv():
     from ray.experimental import internal_kv
 
-    internal_kv._internal_kv_put(_held_key(app, deployment), str(int(held)), overwrite=True,
-                                 namespace=KV_NAMESPACE)
+    return internal_kv
 
 
-def parse_held(raw: bytes | str | None, source: str = "") -> int:
-    """The held count as stored (a decimal string); 0 when absent."""
-    if not raw:
+def _fresh_records(prefix: str, cls, ttl_s: float, now: float) -> list:
+    """Records under `prefix` renewed within `ttl_s`; older ones are deleted (their writer died
+    or stopped without cleaning up) and malformed ones skipped."""
+    kv, out = _kv(), []
+    for key in kv._internal_kv_list(prefix, namespace=KV_NAMESPACE):
+        raw = kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+        try:
+            record = cls.from_json(raw, source=f"Ray KV {KV_NAMESPACE}/{key!r}") if raw else None
+        except RecordError:
+            continue
+        if record is None or now - record.at > ttl_s:
+            kv._internal_kv_del(key, namespace=KV_NAMESPACE)
+            continue
+        out.append(record)
+    return out
+
+
+def publish_endpoint(ep: ReplicaEndpoint) -> None:
+    _kv()._internal_kv_put(_endpoint_key(ep), ep.to_json(), overwrite=True, namespace=KV_NAMESPACE)
+
+
+def remove_endpoint(ep: ReplicaEndpoint) -> None:
+    _kv()._internal_kv_del(_endpoint_key(ep), namespace=KV_NAMESPACE)
+
+
+def live_endpoints(now: float | None = None) -> list[ReplicaEndpoint]:
+    """Every replica endpoint renewed within TTL_S (blocking: Ray internal KV)."""
+    return _fresh_records("endpoint/", ReplicaEndpoint, TTL_S, time.time() if now is None else now)
+
+
+def publish_held(app: str | None, deployment: str, holder: str, held: int) -> None:
+    """Called by a front door while it holds requests for a model (and once with 0 after)."""
+    record = HeldCount(held=int(held), at=time.time())
+    _kv()._internal_kv_put(_held_key(app, deployment, holder), record.to_json(), overwrite=True,
+                           namespace=KV_NAMESPACE)
+
+
+def held_at_ingress(app: str | None, deployment: str, now: float | None = None) -> int:
+    """Requests the front doors hold for the model now; 0 outside a Ray cluster. Counts not
+    renewed within TTL_S (a front door that died) are dropped."""
+    if not _kv()._internal_kv_initialized():
         return 0
-    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-    if not text.strip().isdigit():
-        raise RecordError(f"malformed held-at-ingress count from {source or 'Ray KV'}: {text!r:.40} "
-                          "is not a non-negative integer")
-    return int(text)
+    counts = _fresh_records(_held_key(app, deployment), HeldCount, TTL_S, time.time() if now is None else now)
+    return sum(c.held for c in counts)
 
 
-def held_at_ingress(app: str | None, deployment: str) -> int:
-    """Requests the model's gate holds now (0 without a gate, or outside a Ray cluster)."""
-    from ray.experimental import internal_kv
-
-    if not internal_kv._internal_kv_initialized():
-        return 0
-    key = _held_key(app, deployment)
-    return parse_held(internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE), f"Ray KV {KV_NAMESPACE}/{key}")
-
-
-def info_reply(info: ReplicaInfo | GateInfo) -> dict[str, Any]:
+def info_reply(info: ReplicaInfo | IngressInfo) -> dict[str, Any]:
     """What an `info()` Serve method returns: the record as plain JSON data."""
     return info.to_dict()
 
@@ -116,14 +156,6 @@ def read_replica_info(reply: Any) -> ReplicaInfo:
     return ReplicaInfo.from_dict(reply, source="a replica's info() reply")
 
 
-def read_gate_info(reply: Any) -> GateInfo:
-    """A gate's `info()` reply, typed."""
-    return GateInfo.from_dict(reply, source="a gate's info() reply")
-
-
-def read_ingress_info(reply: Any) -> ReplicaInfo | GateInfo:
-    """The `info()` reply of an application's ingress: its gate for a model that may scale to
-    zero, else one of its engine replicas; a gate's reply says `gate: true`."""
-    if isinstance(reply, dict) and reply.get("gate") is True:
-        return read_gate_info(reply)
-    return read_replica_info(reply)
+def read_ingress_info(reply: Any) -> IngressInfo:
+    """A front door's `info()` reply, typed."""
+    return IngressInfo.from_dict(reply, source="a front door's info() reply")

@@ -1,9 +1,11 @@
-"""The Ray Serve application: one deployment per model, each replica serving HTTP itself.
+"""The Ray Serve applications: one per model (its engine deployment), and the front door.
 
-Serve owns the replicas' lifecycle (placement, health checks, restarts, scaling); the data path
-goes straight to the replica's HTTP server (see vllm_server.py for why). Engines are chosen
-through ENGINE_SERVERS, a registry keyed by `EngineKind`, of factories that build an
-`EngineServer` (engine_server.py: the contract every engine server meets).
+Serve owns the replicas' lifecycle (placement, health checks, restarts, scaling). Each replica
+serves HTTP itself on a private port and announces it; the front door on every node
+(front_door.py) authenticates, admits and routes each request to a replica with the shared
+`routing.choose`, and relays the bytes. Engines are chosen through ENGINE_SERVERS, a registry
+keyed by `EngineKind`, of factories that build an `EngineServer` (engine_server.py: the contract
+every engine server meets).
 """
 
 from __future__ import annotations
@@ -15,40 +17,42 @@ import time
 from typing import Callable
 
 from hbmserve.core.config import ClusterSpec, EngineKind, ModelSpec
-from hbmserve.core.records import ReplicaInfo
+from hbmserve.core.records import ReplicaEndpoint, ReplicaInfo
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import vllm_launch
 from hbmserve.deployments.engine_server import EngineServer
-from hbmserve.deployments.records_store import info_reply, latest_decision
+from hbmserve.deployments.records_store import (RENEW_S, info_reply, latest_decision, publish_endpoint,
+                                                 remove_endpoint)
 
 log = logging.getLogger("hbmserve.replica")
 
 
-# Accepted requests beyond the engine's batch wait in the engine queue; past this many per
-# running slot, queueing only adds TTFT, so the ingress refuses with 429 instead.
+# A replica's own safety cap: the running batch plus a queue this many times its size. The
+# front door's admission (routing/queue.py) is what clients meet; this only bounds what several
+# front doors with lagging views could pile onto one replica.
 QUEUE_SLOTS_PER_SEQ = 4
 
 
-def _budget(model: ModelSpec) -> AdmissionBudget:
+def replica_budget(model: ModelSpec) -> AdmissionBudget:
     return AdmissionBudget(max_in_flight=model.engine_settings.max_num_seqs * QUEUE_SLOTS_PER_SEQ)
 
 
-def _vllm_server(model: ModelSpec, host: str, port: int, api_keys: frozenset[str]) -> EngineServer:
+def _vllm_server(model: ModelSpec, host: str, internal_token: str) -> EngineServer:
     from hbmserve.deployments.vllm_server import VLLMHttpServer
 
-    return VLLMHttpServer(vllm_launch(model, host, port), _budget(model), api_keys)
+    return VLLMHttpServer(vllm_launch(model, host, 0), replica_budget(model), internal_token)
 
 
-def _sim_server(model: ModelSpec, host: str, port: int, api_keys: frozenset[str]) -> EngineServer:
+def _sim_server(model: ModelSpec, host: str, internal_token: str) -> EngineServer:
     from hbmserve.deployments.sim_server import SimHttpServer
 
-    return SimHttpServer(model, host, port, _budget(model), api_keys)
+    return SimHttpServer(model, host, replica_budget(model), internal_token)
 
 
-# (model, host, port, api_keys) -> a server not yet started. Building one is cheap: the engine
+# (model, host, internal token) -> a server not yet started. Building one is cheap: the engine
 # loads in `start()`.
-EngineServerFactory = Callable[[ModelSpec, str, int, frozenset[str]], EngineServer]
+EngineServerFactory = Callable[[ModelSpec, str, str], EngineServer]
 ENGINE_SERVERS: dict[EngineKind, EngineServerFactory] = {
     EngineKind.VLLM_CPU: _vllm_server,
     EngineKind.VLLM_GPU: _vllm_server,
@@ -56,58 +60,44 @@ ENGINE_SERVERS: dict[EngineKind, EngineServerFactory] = {
 }
 
 
-# How often an autoscaled replica re-reads its role; promotion latency is at most this plus
-# one Serve control-loop tick.
-ROLE_POLL_S = 0.2
+def replica_host(host: str) -> str:
+    """Where a replica listens: the node's address when the front door listens on every
+    interface (front doors on other nodes must reach it), else the configured host."""
+    if host in ("0.0.0.0", "::"):
+        import ray
+
+        return ray.util.get_node_ip_address()
+    return host
 
 
 class EngineReplica:
-    """A Serve replica that owns one engine and its HTTP server.
+    """A Serve replica that owns one engine and its private HTTP server, and announces the
+    server's URL (records_store.publish_endpoint) for as long as it lives."""
 
-    An autoscaled replica follows the role the policy assigns it (autoscale/roles.py): active
-    replicas listen on the model's port, hot standbys keep the engine loaded without listening.
-    """
-
-    async def __init__(self, model_json: str, host: str, port: int, api_key_env: str | None):
-        self.model = ModelSpec.model_validate_json(model_json)
-        self.host = host
-        keys = os.environ.get(api_key_env, "") if api_key_env else ""
-        api_keys = frozenset(k for k in keys.split(",") if k)
-        self.server: EngineServer = ENGINE_SERVERS[self.model.engine](self.model, host, port, api_keys)
-        self._roles: asyncio.Task | None = None
-        started = time.monotonic()
-        if self.model.autoscaling is None:
-            self.url = await self.server.start()
-            self.load_s = time.monotonic() - started
-            return
+    async def __init__(self, model_json: str, host: str, internal_token: str):
+        import ray
         from ray import serve
 
-        ctx = serve.get_replica_context()
-        self._me = (ctx.app_name, ctx.deployment, ctx.replica_id.unique_id)
-        self.url = await self.server.start(listen=await asyncio.to_thread(self._assigned_active))
+        self.model = ModelSpec.model_validate_json(model_json)
+        self.server: EngineServer = ENGINE_SERVERS[self.model.engine](self.model, replica_host(host), internal_token)
+        started = time.monotonic()
+        self.url = await self.server.start()
         self.load_s = time.monotonic() - started  # the warm start-up the policy plans with
-        self._roles = asyncio.get_running_loop().create_task(self._follow_roles())
+        ctx = serve.get_replica_context()
+        self.endpoint = ReplicaEndpoint(app=ctx.app_name, deployment=ctx.deployment,
+                                        replica=ctx.replica_id.unique_id, model=self.model.name, url=self.url,
+                                        node_id=ray.get_runtime_context().get_node_id(), at=time.time())
+        await asyncio.to_thread(publish_endpoint, self.endpoint)
+        self._announce = asyncio.get_running_loop().create_task(self._renew_endpoint())
 
-    def _assigned_active(self) -> bool:
-        """Blocking (Ray internal KV). Before the policy's first decision every replica serves."""
-        app, deployment, me = self._me
-        decision = latest_decision(app, deployment)
-        return decision is None or me in decision.active_replicas
-
-    async def _follow_roles(self) -> None:
-        listener = self.server.listener
+    async def _renew_endpoint(self) -> None:
         while True:
-            await asyncio.sleep(ROLE_POLL_S)
+            await asyncio.sleep(RENEW_S)
             try:
-                active = await asyncio.to_thread(self._assigned_active)
-                if active and not listener.serving:
-                    await listener.resume()
-                    log.info("promoted: serving %s on %s", self.model.name, self.url)
-                elif not active and listener.serving:
-                    listener.pause()
-                    log.info("standby: %s out of rotation, in-flight requests finishing", self.model.name)
-            except Exception:  # noqa: BLE001 - a KV hiccup must not kill the replica; retry next poll
-                log.warning("could not follow the autoscaler's role assignment", exc_info=True)
+                renewed = ReplicaEndpoint(**{**self.endpoint.__dict__, "at": time.time()})
+                await asyncio.to_thread(publish_endpoint, renewed)
+            except Exception:  # noqa: BLE001 - a KV hiccup must not kill the replica; retry next time
+                log.warning("could not renew this replica's endpoint", exc_info=True)
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Custom metrics for the autoscaling policy (deployments/autoscaling.py). Async: the
@@ -121,23 +111,24 @@ class EngineReplica:
                                  ttft_samples_s=c.ttft_samples(now), tpot_samples_s=c.tpot_samples(now),
                                  arrival_rps=c.arrival_rate(now), load_s=self.load_s)
 
-    def _replica_info(self) -> ReplicaInfo:
-        import ray
-        from ray import serve
+    def _role(self) -> ReplicaState:
+        if self.model.autoscaling is None:
+            return ReplicaState.ACTIVE
+        decision = latest_decision(self.endpoint.app, self.endpoint.deployment)
+        if decision is None or self.endpoint.replica in decision.active_replicas:
+            return ReplicaState.ACTIVE
+        return ReplicaState.STANDBY
 
+    def _replica_info(self) -> ReplicaInfo:
         c = self.server.counters
         load = self.server.engine_stats()
-        private = self.server.listener.private_url
-        if private and self.host in ("0.0.0.0", "::"):
-            private = private.replace(self.host, ray.util.get_node_ip_address(), 1)
         return ReplicaInfo(
             model=self.model.name,
             engine=self.model.engine.value,
             url=self.url,
-            private_url=private,
-            role=ReplicaState.ACTIVE if self.server.listener.serving else ReplicaState.STANDBY,
-            replica=serve.get_replica_context().replica_id.unique_id,
-            node_id=ray.get_runtime_context().get_node_id(),
+            role=self._role(),
+            replica=self.endpoint.replica,
+            node_id=self.endpoint.node_id,
             pid=os.getpid(),
             in_flight=c.in_flight,
             engine_waiting=load.waiting,
@@ -151,15 +142,16 @@ class EngineReplica:
 
     async def info(self) -> dict:
         """A ReplicaInfo as plain data (records_store.read_replica_info types it again)."""
-        return info_reply(self._replica_info())
+        return info_reply(await asyncio.to_thread(self._replica_info))
 
     async def check_health(self) -> None:
         if not self.server.healthy():
             raise RuntimeError(f"engine for {self.model.name} is not serving")
 
     async def __del__(self) -> None:
-        if self._roles is not None:
-            self._roles.cancel()
+        self._announce.cancel()
+        # Withdraw first, so the front doors stop routing here while in-flight requests drain.
+        await asyncio.to_thread(remove_endpoint, self.endpoint)
         await self.server.stop()
 
 
@@ -220,17 +212,16 @@ def engine_deployment_name(model: ModelSpec) -> str:
     return f"engine-{model.name}".replace("/", "-").replace(":", "-")
 
 
-def build_model_app(spec: ClusterSpec, model: ModelSpec, port: int):
-    """The model's Serve application: its engine deployment, fronted by a gate (gate.py) when
-    the model may scale to zero."""
+def build_model_app(spec: ClusterSpec, model: ModelSpec, internal_token: str):
+    """The model's Serve application: its engine deployment. A model that may scale to zero
+    needs nothing more: the front door holds its requests while no replica is active."""
     from ray import serve
 
     from hbmserve.deployments.replica_http import DRAIN_TIMEOUT_S
 
-    name = engine_deployment_name(model)
     deployment = serve.deployment(
         EngineReplica,
-        name=name,
+        name=engine_deployment_name(model),
         ray_actor_options=actor_options(model),
         health_check_period_s=10,
         health_check_timeout_s=30,
@@ -238,18 +229,4 @@ def build_model_app(spec: ClusterSpec, model: ModelSpec, port: int):
         graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S + 10,
         **scaling_options(model),
     )
-    args = (model.model_dump_json(), spec.serve.http.host, port, spec.serve.api_key_env)
-    engine = deployment.bind(*args)
-    if model.autoscaling is None or model.autoscaling.min_replicas > 0:
-        return engine
-    from hbmserve.deployments.gate import ModelGate
-
-    gate = serve.deployment(ModelGate, name=f"gate-{name.removeprefix('engine-')}", num_replicas=1,
-                            ray_actor_options={"num_cpus": 0},
-                            graceful_shutdown_timeout_s=model.autoscaling.scale_from_zero_wait_s + 10)
-    return gate.bind(*args, engine, name, _budget(model).max_in_flight)
-
-
-def model_ports(spec: ClusterSpec) -> dict[str, int]:
-    """One port per model, counting up from serve.http.port; replicas share it (SO_REUSEPORT)."""
-    return {m.name: spec.serve.http.port + i for i, m in enumerate(spec.models)}
+    return deployment.bind(model.model_dump_json(), spec.serve.http.host, internal_token)

@@ -2,7 +2,7 @@
 
 `SimHttpServer` meets the same `EngineServer` contract as `VLLMHttpServer` (engine_server.py)
 and has the same data path: one FastAPI app behind `IngressMiddleware`, served by
-uvicorn on the replica's event loop, on the model's shared port. Tokens arrive at the pace the
+uvicorn on the replica's event loop, on a private port behind the front door. Tokens arrive at the pace the
 performance model predicts for `sim.gpu` running `sim.model_config_name` at the model's TP/PP,
 `sim.speedup` times faster, so the real Serve control plane can run tens of "70B on H100"
 replicas on two cores. What the protocol estimates (prompt tokens, reply text) is in
@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 from hbmserve.core.config import ModelSpec
 from hbmserve.routing.admission import AdmissionBudget
-from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
+from hbmserve.deployments.replica_middleware import LoadCounters, ReplicaMiddleware
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
 from hbmserve.deployments.sim_protocol import (ChatRequest, CompletionRequest, GenerationPlan, Rejection,
                                                chat_prompt, completion_prompt, error_body, filler_text,
@@ -183,17 +183,17 @@ class SimHttpServer:
     """A replica's simulated engine and its HTTP server; the engine is built in `start()`.
     An `EngineServer` (engine_server.py documents each method)."""
 
-    def __init__(self, model: ModelSpec, host: str, port: int, budget: AdmissionBudget, api_keys: frozenset[str]):
+    def __init__(self, model: ModelSpec, host: str, budget: AdmissionBudget, internal_token: str):
         self.model = model
-        self.host, self.port = host, port
+        self.host = host
         self.budget = budget
-        self.api_keys = api_keys
+        self.internal_token = internal_token
         self.counters = LoadCounters()
         self.engine = None
         self.url: str | None = None
         self.listener = AsgiListener()
 
-    async def start(self, listen: bool = True) -> str:
+    async def start(self) -> str:
         from hbmserve.capacity.hardware import load_catalog
         from hbmserve.capacity.scenario import scenario_for
         from hbmserve.capacity.sim_engine import SimEngine
@@ -202,18 +202,16 @@ class SimHttpServer:
         self.engine = SimEngine(sc.deployment, sc.engine, speedup=self.model.sim.speedup,
                                 startup_s=self.model.sim.startup_s)
         # The start-up delay passes before the port is bound: a replica still "loading weights"
-        # must not take connections from the shared port.
+        # must not be announced to the front door.
         await self.engine.wait_ready()
         app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len)
         try:
-            asgi = IngressMiddleware(app, self.budget, self.api_keys, self.counters)
-            self.url = (await self.listener.serve(asgi, self.host, self.port) if listen
-                        else self.listener.prepare(asgi, self.host, self.port))
+            asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats)
+            self.url = await self.listener.serve(asgi, self.host)
         except BaseException:
             await self.engine.shutdown()
             raise
-        log.info("%s simulated %s (%s on %s, %gx) on %s", "serving" if listen else "standby for",
-                 self.model.name, self.model.sim.model_config_name, self.model.sim.gpu, self.model.sim.speedup,
+        log.info("serving simulated %s (%s on %s, %gx) on %s", self.model.name, self.model.sim.model_config_name, self.model.sim.gpu, self.model.sim.speedup,
                  self.url)
         return self.url
 
@@ -229,4 +227,4 @@ class SimHttpServer:
         return EngineLoad(waiting=s.waiting, running=s.running, kv_usage=s.kv_usage)
 
     def healthy(self) -> bool:
-        return self.listener.ready and self.engine is not None and self.engine.stats().ready
+        return self.listener.serving and self.engine is not None and self.engine.stats().ready

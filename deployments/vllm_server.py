@@ -3,8 +3,9 @@
 Why not Serve's proxy: on a 2-core machine every extra hop (proxy actor, Ray RPC per streamed
 chunk) takes CPU from the engine; Ray Serve LLM measured 0.31x of bare vLLM with defaults and
 0.67x with direct streaming + HAProxy (DESIGN.md). Here the replica serves HTTP itself through
-vLLM's FastAPI app, so the request path is the same as bare vLLM plus one thin ASGI middleware.
-Serve still owns the replica's life: placement, health checks, restarts, scaling.
+vLLM's FastAPI app on a private port, and the front door (front_door.py) relays bytes to it:
+one HTTP hop, no Ray RPC on the data path. Serve still owns the replica's life: placement,
+health checks, restarts, scaling.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from contextlib import AsyncExitStack
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import EngineLaunch
 from hbmserve.deployments.vllm_argv import parse_launch
-from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
+from hbmserve.deployments.replica_middleware import LoadCounters, ReplicaMiddleware
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
 
 log = logging.getLogger("hbmserve.replica")
@@ -26,17 +27,17 @@ class VLLMHttpServer:
     """vLLM's engine and OpenAI app; an `EngineServer` (engine_server.py documents each method).
     vLLM is imported only in `start()`: building one (or importing this module) loads nothing."""
 
-    def __init__(self, launch: EngineLaunch, budget: AdmissionBudget, api_keys: frozenset[str]):
+    def __init__(self, launch: EngineLaunch, budget: AdmissionBudget, internal_token: str):
         self.launch = launch
         self.budget = budget
-        self.api_keys = api_keys
+        self.internal_token = internal_token
         self.counters = LoadCounters()
         self.engine_client = None
         self.url: str | None = None
         self._stack = AsyncExitStack()
         self.listener = AsgiListener()
 
-    async def start(self, listen: bool = True) -> str:
+    async def start(self) -> str:
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
         from vllm.entrypoints.launchers.app import build_app
@@ -50,16 +51,14 @@ class VLLMHttpServer:
             tasks = await self.engine_client.get_supported_tasks()
             app = build_app(args, tasks, self.engine_client.model_config)
             await init_app_state(self.engine_client, app.state, args, tasks)
-            # Serve only once the engine is loaded: the port is shared (SO_REUSEPORT), and a
-            # loading replica that listened would take its share of connections and hold them
-            # for the whole load.
-            asgi = IngressMiddleware(app, self.budget, self.api_keys, self.counters)
-            self.url = (await self.listener.serve(asgi, args.host, args.port) if listen
-                        else self.listener.prepare(asgi, args.host, args.port))
+            # Listen only once the engine is loaded: the URL is announced to the front door
+            # as soon as this returns, and traffic may follow at once.
+            asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats)
+            self.url = await self.listener.serve(asgi, args.host)
         except BaseException:
             await self._stack.aclose()
             raise
-        log.info("%s %s on %s", "serving" if listen else "standby for", args.served_model_name, self.url)
+        log.info("serving %s on %s", args.served_model_name, self.url)
         return self.url
 
     async def stop(self) -> None:
@@ -80,5 +79,5 @@ class VLLMHttpServer:
                           kv_usage=wanted["vllm:kv_cache_usage_perc"])
 
     def healthy(self) -> bool:
-        return self.listener.ready and not getattr(self.engine_client, "errored", False)
+        return self.listener.serving and not getattr(self.engine_client, "errored", False)
 

@@ -1,4 +1,11 @@
-"""ASGI middleware in front of the engine's OpenAI app: API keys, admission, load counters.
+"""ASGI middleware in front of a replica's OpenAI app: the internal token, a per-replica
+admission cap, load counters, and the load report the front door polls.
+
+Only the front door (front_door.py) talks to a replica. It authenticates clients, admits and
+routes; it proves itself to the replica with the deployment's internal token, so a replica port
+reached directly (it listens on the node's address) serves nothing but `/health`. The cap here is
+a safety net for when several front doors' views of a replica lag; the front door's own
+admission (routing/queue.py) is what clients meet.
 
 Written as raw ASGI (not Starlette's BaseHTTPMiddleware) because it sits on every streamed
 chunk of the data path; it adds one dict lookup and two counters per request.
@@ -6,6 +13,7 @@ chunk of the data path; it adds one dict lookup and two counters per request.
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 from collections import deque
@@ -13,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from hbmserve.routing.admission import AdmissionBudget, Reject, AdmissionLoad, admit
+from hbmserve.deployments.replica_http import EngineLoad
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -21,6 +30,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Only generation endpoints consume engine capacity; /v1/models and /health are always served.
 _ADMITTED_PATHS = ("/v1/chat/completions", "/v1/completions")
+INTERNAL_TOKEN_HEADER = b"x-hbmserve-internal"
+LOAD_PATH = "/hbm/load"
 _WINDOW_S = 30.0
 # Fewer body chunks than this is a whole (non-streamed) reply or too short to time decoding.
 _MIN_TPOT_CHUNKS = 4
@@ -85,19 +96,32 @@ def openai_error(status: int, message: str, err_type: str, code: str, headers: l
                          headers)
 
 
-class IngressMiddleware:
-    def __init__(self, app: ASGIApp, budget: AdmissionBudget, api_keys: frozenset[str], counters: LoadCounters):
+class ReplicaMiddleware:
+    def __init__(self, app: ASGIApp, budget: AdmissionBudget, internal_token: str, counters: LoadCounters,
+                 engine_stats: Callable[[], EngineLoad]):
         self.app = app
         self.budget = budget
-        self.api_keys = frozenset(f"Bearer {k}".encode() for k in api_keys)
+        self.token = internal_token.encode()
         self.counters = counters
+        self.engine_stats = engine_stats
+
+    def _load_report(self) -> dict:
+        load, c = self.engine_stats(), self.counters
+        return {"waiting": load.waiting, "running": load.running, "kv_usage": load.kv_usage,
+                "in_flight": c.in_flight, "accepted": c.accepted, "rejected": c.rejected}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or scope["path"] == "/health":
             await self.app(scope, receive, send)
             return
-        if self.api_keys and dict(scope["headers"]).get(b"authorization") not in self.api_keys:
-            for msg in openai_error(401, "Invalid or missing API key.", "authentication_error", "invalid_api_key"):
+        presented = dict(scope["headers"]).get(INTERNAL_TOKEN_HEADER, b"")
+        if not hmac.compare_digest(presented, self.token):
+            for msg in openai_error(403, "Replicas serve only the hbmserve front door; send requests to its "
+                                    "endpoint.", "permission_error", "not_front_door"):
+                await send(msg)
+            return
+        if scope["path"] == LOAD_PATH:
+            for msg in json_response(200, self._load_report()):
                 await send(msg)
             return
         if scope["path"] not in _ADMITTED_PATHS:

@@ -1,0 +1,131 @@
+"""The front door: one per node, every model of the cluster on one port.
+
+A Serve deployment (`hbmserve-frontdoor`) with one replica per node (max_replicas_per_node=1),
+each serving `serve.http.host:serve.http.port` so that a load balancer or a Kubernetes Service
+can spread clients over nodes. Each front door reaches every model's replicas on any node
+(replica_table.py), authenticates (front_door_access.py), admits (front_door_queue.py), routes
+with the shared `routing.choose` and relays (front_door_app.py, relay.py).
+
+Three loops keep its picture fresh: discovery (replica endpoints and the autoscaler's active
+lists, every DISCOVER_S), load polling (every replica_table.POLL_S, which also releases queued
+requests when capacity appears), and held counts for scale from zero (every RENEW_S while
+requests are held, read by the autoscaling policy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from hbmserve.core.config import ClusterSpec
+from hbmserve.core.records import IngressInfo, ModelTraffic
+from hbmserve.deployments.front_door_access import AccessGuard, load_key_ring
+from hbmserve.deployments.front_door_app import BodyLimits, FrontDoorApp
+from hbmserve.deployments.front_door_queue import ModelAdmission
+from hbmserve.deployments.hardened_http import HardenedServer, HttpLimits, listen_socket
+from hbmserve.deployments.records_store import (RENEW_S, info_reply, latest_decision, live_endpoints,
+                                                 publish_held)
+from hbmserve.deployments.replica_table import POLL_S, ReplicaTable
+from hbmserve.deployments.serve_app import engine_deployment_name
+
+log = logging.getLogger("hbmserve.frontdoor")
+
+APP_NAME = "hbmserve-frontdoor"
+DISCOVER_S = 0.5
+
+
+class FrontDoor:
+    async def __init__(self, spec_json: str, internal_token: str):
+        import aiohttp
+        import ray
+
+        self.spec = ClusterSpec.model_validate_json(spec_json)
+        http = self.spec.serve.http
+        self.guard = AccessGuard(load_key_ring(self.spec.serve.auth))  # raises: fail closed
+        names = [m.name for m in self.spec.models]
+        self.table = ReplicaTable(names, {m.name for m in self.spec.models if m.autoscaling is not None})
+        self.admission = {m.name: ModelAdmission(m, self.table) for m in self.spec.models}
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True),
+            auto_decompress=False)
+        self.app = FrontDoorApp(self.spec, self.table, self.guard, self.admission, lambda: self.session,
+                                internal_token, BodyLimits(http.max_body_bytes, http.body_timeout_s,
+                                                           http.first_byte_timeout_s))
+        self.app.info_of = lambda: info_reply(self._info())
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.holder = f"{self.node_id[:12]}-{id(self):x}"
+        self._held: dict[str, int] = {}
+        await self._discover()
+        public, own = listen_socket(http.host, http.port, shared=True), listen_socket(http.host, 0, shared=False)
+        self.url = f"http://{http.host}:{http.port}"
+        self.own_url = "http://{}:{}".format(*own.getsockname()[:2])
+        self.server = HardenedServer(self.app, HttpLimits(http.header_timeout_s, http.keep_alive_s,
+                                                          http.max_connections))
+        await self.server.start([public, own])
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._every(DISCOVER_S, self._discover)),
+                       loop.create_task(self._every(POLL_S, self._poll)),
+                       loop.create_task(self._every(RENEW_S / 2, self._publish_held))]
+        log.info("front door on %s (this one alone: %s), auth %s, %d model(s)", self.url, self.own_url,
+                 "enforced" if self.guard.enforced else "off", len(names))
+
+    async def _every(self, period_s: float, step) -> None:
+        while True:
+            try:
+                await step()
+            except Exception:  # noqa: BLE001 - a KV or network hiccup must not stop the loop
+                log.warning("front door loop %s failed; retrying", step.__name__, exc_info=True)
+            await asyncio.sleep(period_s)
+
+    async def _discover(self) -> None:
+        def read():
+            decisions = {m.name: latest_decision(m.name, engine_deployment_name(m))
+                         for m in self.spec.models if m.autoscaling is not None}
+            return live_endpoints(), decisions
+
+        endpoints, decisions = await asyncio.to_thread(read)
+        self.table.update(endpoints, decisions)
+
+    async def _poll(self) -> None:
+        await self.table.poll(self.session, self.app.token)
+        for gate in self.admission.values():
+            gate.pump()
+
+    async def _publish_held(self) -> None:
+        for m in self.spec.models:
+            held = self.admission[m.name].queued
+            if held or self._held.get(m.name):
+                await asyncio.to_thread(publish_held, m.name, engine_deployment_name(m), self.holder, held)
+            self._held[m.name] = held
+
+    def _info(self) -> IngressInfo:
+        models = tuple(ModelTraffic(model=name, accepted=a.accepted, rejected=a.rejected,
+                                    in_flight=a.in_flight_sequences + a.queued, queued=a.queued,
+                                    routable=self.table.routable(name)) for name, a in self.admission.items())
+        return IngressInfo(node_id=self.node_id, url=self.url, own_url=self.own_url, auth=self.guard.enforced,
+                           connections=self.server.connections, models=models)
+
+    async def info(self) -> dict:
+        return info_reply(self._info())
+
+    async def check_health(self) -> None:
+        if not self.server.serving:
+            raise RuntimeError("the front door's HTTP server stopped")
+
+    async def __del__(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await self.server.stop()
+        for m in self.spec.models:  # let go of held counts at once rather than at their TTL
+            if self._held.get(m.name):
+                await asyncio.to_thread(publish_held, m.name, engine_deployment_name(m), self.holder, 0)
+        await self.session.close()
+
+
+def build_front_door_app(spec: ClusterSpec, internal_token: str, nodes: int):
+    from ray import serve
+
+    deployment = serve.deployment(FrontDoor, name="frontdoor", num_replicas=max(1, nodes), max_replicas_per_node=1,
+                                  ray_actor_options={"num_cpus": 0}, health_check_period_s=10,
+                                  graceful_shutdown_timeout_s=15)
+    return deployment.bind(spec.model_dump_json(), internal_token)

@@ -1,0 +1,153 @@
+"""The front door's adapter to ingress admission (routing/queue.py) for one model: it builds the
+`ModelCapacity` snapshot from the replica table and the config, keeps the wait queue, and parks
+each queued request on a future that `pump()` resolves when `next_to_run` releases it.
+
+Counting is in sequences (the request's `n`) and KV tokens, never in connections: a request
+enters admission only once its whole body has arrived (front_door_app.read_body). What a front
+door counts in flight is the larger of its own admitted requests and what the model's replicas
+report (several front doors share them); each replica's own cap (replica_middleware) catches
+what lagging views still let through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Any
+
+from hbmserve.core.config import ModelSpec
+from hbmserve.deployments.front_door_access import Credential, Refusal
+from hbmserve.deployments.replica_table import ReplicaTable
+from hbmserve.routing.admission import Reject
+from hbmserve.routing.queue import Ask, ModelCapacity, Queue, Waiting, admit, expired, next_to_run
+
+# Queue room per active replica beyond its running batch, in batches: the replica safety cap
+# (serve_app.QUEUE_SLOTS_PER_SEQ = 4 batches in all) less the running one.
+QUEUE_BATCHES = 3
+# A hot standby is promoted within a policy tick or two and takes traffic within a poll.
+PROMOTION_S = 2.0
+# Output tokens assumed when a request names no max_tokens (OpenAI's default is "until the
+# context ends", which would make every request look as big as the whole context).
+DEFAULT_MAX_TOKENS = 256
+CHARS_PER_TOKEN = 4  # English text; an estimate until the replica tokenizes
+_PACE_WINDOW_S = 30.0
+
+
+def ask_for(credential: Credential, model: ModelSpec, body: dict[str, Any], prompt_chars: int, now: float) -> Ask:
+    n = body.get("n")
+    n = n if isinstance(n, int) and 1 <= n <= 128 else 1
+    asked = body.get("max_completion_tokens") or body.get("max_tokens")
+    max_tokens = asked if isinstance(asked, int) and asked > 0 else DEFAULT_MAX_TOKENS
+    limit = model.engine_settings.max_model_len
+    tenant = credential.tenant
+    return Ask(tenant=tenant.name if tenant else "-", priority=tenant.priority if tenant else 0, sequences=n,
+               prompt_tokens=min(limit, prompt_chars // CHARS_PER_TOKEN), max_tokens=min(limit, max_tokens),
+               arrived_at=now)
+
+
+class ModelAdmission:
+    def __init__(self, model: ModelSpec, table: ReplicaTable, clock=time.monotonic):
+        self.model = model
+        self.table = table
+        self.clock = clock
+        self.waiting: list[Ask] = []
+        self._parked: dict[int, asyncio.Future] = {}  # id(ask) -> future of the queued ask
+        self.in_flight_sequences = 0
+        self.in_flight_tokens = 0
+        self._finished: deque[tuple[float, int]] = deque()  # (at, sequences)
+        self.accepted = 0
+        self.rejected = 0
+
+    # -- the snapshot ----------------------------------------------------------------------
+    def _pace(self, now: float) -> float | None:
+        while self._finished and self._finished[0][0] < now - _PACE_WINDOW_S:
+            self._finished.popleft()
+        return sum(s for _, s in self._finished) / _PACE_WINDOW_S if self._finished else None
+
+    def capacity(self, now: float) -> ModelCapacity:
+        m, s = self.model, self.model.engine_settings
+        routable = self.table.routable(m.name)
+        reported = self.table.reported_sequences(m.name)
+        spare = self.table.starting_or_standby(m.name)
+        in_flight = max(self.in_flight_sequences, reported)
+        if routable == 0 and m.autoscaling is not None:
+            # Scale from zero (or all replicas lost): hold for the replicas the autoscaler
+            # starts, up to one replica's queue, as long as scale_from_zero_wait_s allows.
+            return ModelCapacity(
+                active_sequences=0, in_flight_sequences=in_flight, in_flight_tokens=self.in_flight_tokens,
+                max_tokens_in_flight=0, queue_sequences=0, ttft_slo_s=None,
+                help_arriving_s=PROMOTION_S if spare else m.autoscaling.startup_s.warm,
+                help_sequences=s.max_num_seqs * (QUEUE_BATCHES + 1), max_hold_s=m.autoscaling.scale_from_zero_wait_s,
+                completion_sequences_per_s=self._pace(now))
+        return ModelCapacity(
+            active_sequences=routable * s.max_num_seqs, in_flight_sequences=in_flight,
+            in_flight_tokens=self.in_flight_tokens,
+            max_tokens_in_flight=routable * s.max_num_seqs * s.max_model_len,
+            queue_sequences=routable * s.max_num_seqs * QUEUE_BATCHES,
+            ttft_slo_s=m.slo.ttft_p95_ms / 1000 if m.autoscaling is not None else None,
+            help_arriving_s=PROMOTION_S if spare else None, help_sequences=spare * s.max_num_seqs,
+            max_hold_s=PROMOTION_S, completion_sequences_per_s=self._pace(now))
+
+    # -- requests ----------------------------------------------------------------------------
+    async def enter(self, ask: Ask) -> Ask | Refusal:
+        """Admit `ask` (returned as the ticket to `leave` with), possibly after a wait, or refuse."""
+        now = self.clock()
+        decision = admit(ask, self.capacity(now), Waiting(tuple(self.waiting)), now)
+        if isinstance(decision, Reject):
+            self.rejected += 1
+            return Refusal(429, f"{self.model.name}: {decision.reason}", "rate_limit_error", decision.code,
+                           decision.retry_after_s)
+        self.accepted += 1
+        if not isinstance(decision, Queue):
+            self._charge(ask)
+            return ask
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append(ask)
+        self._parked[id(ask)] = future
+        try:
+            return await future
+        finally:
+            self._unqueue(ask)  # a no-op unless the client went away while queued
+            self._parked.pop(id(ask), None)
+
+    def leave(self, ask: Ask) -> None:
+        self.in_flight_sequences -= ask.sequences
+        self.in_flight_tokens -= ask.tokens
+        self._finished.append((self.clock(), ask.sequences))
+        self.pump()
+
+    def _charge(self, ask: Ask) -> None:
+        self.in_flight_sequences += ask.sequences
+        self.in_flight_tokens += ask.tokens
+
+    def pump(self) -> None:
+        """Release what fits now; answer what waited too long (503 + Retry-After). Called after
+        every `leave` and on every replica poll (capacity may have arrived)."""
+        if not self.waiting:
+            return
+        now = self.clock()
+        capacity = self.capacity(now)
+        for ask in next_to_run(Waiting(tuple(self.waiting)), capacity).asks:
+            self._unqueue(ask)
+            self._charge(ask)
+            self._resolve(ask, ask)
+        max_wait = (self.model.autoscaling.scale_from_zero_wait_s if self.model.autoscaling is not None
+                    else self.model.slo.ttft_p95_ms / 1000 * 10)
+        for gone in expired(Waiting(tuple(self.waiting)), capacity, now, max_wait):
+            self._unqueue(gone.ask)
+            self._resolve(gone.ask, Refusal(503, f"{self.model.name}: {gone.reason}", "service_unavailable",
+                                            gone.code, gone.retry_after_s))
+
+    def _unqueue(self, ask: Ask) -> None:
+        # By identity: two asks of one tenant may be equal field by field.
+        self.waiting = [a for a in self.waiting if a is not ask]
+
+    def _resolve(self, ask: Ask, result: Ask | Refusal) -> None:
+        future = self._parked.get(id(ask))
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting)
