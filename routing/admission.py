@@ -1,4 +1,5 @@
-"""Admission: accept a request now, or refuse it with a reason and a Retry-After. Pure.
+"""Admission at one replica: accept a request now, or refuse it with a reason and a Retry-After.
+Pure. Each replica keeps this cap as a safety net; the ingress admits per model in queue.py.
 
 A replica accepts up to `max_in_flight` requests: the engine's running batch plus a bounded
 queue. Past that, waiting would only grow TTFT for everyone already accepted, so the
@@ -34,6 +35,8 @@ class Admit:
 class Reject:
     reason: str
     retry_after_s: int
+    # The OpenAI error code of the 429 reply; the ingress queue (queue.py) adds its own.
+    code: str = "overloaded"
 
 
 def admit(load: AdmissionLoad, budget: AdmissionBudget) -> Admit | Reject:
