@@ -5,6 +5,7 @@
   and the benchmarks.
 * `ReplicaEndpoint`: a replica's announcement of where it listens, renewed while it lives.
   Read by the front doors.
+* `LoadReport`: a replica's load, which the front doors poll to route.
 * `HeldCount`: requests one front door holds for a model with no active replica, renewed while
   it holds them. Read by the autoscaling policy (scale from zero).
 * `ReplicaInfo`: what an engine replica reports about itself (its `info()` over a Serve handle),
@@ -189,6 +190,18 @@ class ReplicaEndpoint(Record):
 
     def fresh(self, now: float, ttl_s: float) -> bool:
         return now - self.at <= ttl_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadReport(Record):
+    """A replica's load now (`GET /hbm/load`, polled by the front doors)."""
+
+    waiting: int  # the engine's own queue
+    running: int
+    kv_usage: float  # 0..1
+    in_flight: int  # admitted by the replica and not finished
+    accepted: int
+    rejected: int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from hbmserve.core.records import LoadReport
 from hbmserve.routing.admission import AdmissionBudget, Reject, AdmissionLoad, admit
 from hbmserve.deployments.replica_http import EngineLoad
 
@@ -105,10 +106,10 @@ class ReplicaMiddleware:
         self.counters = counters
         self.engine_stats = engine_stats
 
-    def _load_report(self) -> dict:
+    def _load_report(self) -> LoadReport:
         load, c = self.engine_stats(), self.counters
-        return {"waiting": load.waiting, "running": load.running, "kv_usage": load.kv_usage,
-                "in_flight": c.in_flight, "accepted": c.accepted, "rejected": c.rejected}
+        return LoadReport(waiting=load.waiting, running=load.running, kv_usage=load.kv_usage,
+                          in_flight=c.in_flight, accepted=c.accepted, rejected=c.rejected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] == "/health":
@@ -121,7 +122,7 @@ class ReplicaMiddleware:
                 await send(msg)
             return
         if scope["path"] == LOAD_PATH:
-            for msg in json_response(200, self._load_report()):
+            for msg in json_response(200, self._load_report().to_dict()):
                 await send(msg)
             return
         if scope["path"] not in _ADMITTED_PATHS:

@@ -19,7 +19,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from hbmserve.core.records import DecisionRecord, ReplicaEndpoint
+from hbmserve.core.records import DecisionRecord, LoadReport, RecordError, ReplicaEndpoint
 from hbmserve.core.routing import ReplicaLoad
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.deployments.replica_middleware import INTERNAL_TOKEN_HEADER, LOAD_PATH
@@ -96,8 +96,8 @@ class ReplicaTable:
         try:
             async with session.get(r.endpoint.url + LOAD_PATH, headers={INTERNAL_TOKEN_HEADER.decode(): token},
                                    timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT_S)) as resp:
-                report = await resp.json() if resp.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                report = LoadReport.from_json(await resp.read()) if resp.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, RecordError):
             report = None
         if report is None:
             if r.reachable:
@@ -106,8 +106,7 @@ class ReplicaTable:
             r.reachable = False
             return
         r.reachable = True
-        r.waiting, r.running = int(report["waiting"]), int(report["running"])
-        r.kv_usage = float(report["kv_usage"])
+        r.waiting, r.running, r.kv_usage = report.waiting, report.running, report.kv_usage
         r.sent_since_poll = 0
 
     # -- routing ------------------------------------------------------------------------

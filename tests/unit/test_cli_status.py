@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from hbmserve.cli.serve import register
 from hbmserve.cluster import ray_cluster as rc
-from hbmserve.core.records import CrossedGroup, DecisionRecord, GateInfo, ObservedRank, PlacementReport, RecordError
+from hbmserve.core.records import (CrossedGroup, DecisionRecord, ModelTraffic, ObservedRank, PlacementReport,
+                                   RecordError)
 from hbmserve.core.scaling import ReplicaState, Tier
 
 URL = "http://127.0.0.1:18000"
@@ -36,8 +37,8 @@ def models() -> list[rc.ModelStatus]:
         replica_stats=(rc.ReplicaStats("aaaaaaaa:11", URL, 7, 0, 1, ReplicaState.ACTIVE, crossed),
                        rc.ReplicaStats("bbbbbbbb:12", URL, 0, 0, 0, ReplicaState.STANDBY)),
         autoscale=decision,
-        gate=GateInfo(model="sleepy", url=URL, listening=False, held=0, accepted=3, rejected=0,
-                      active_replica_count=1))]
+        traffic=(ModelTraffic(model="sleepy", accepted=3, rejected=1, in_flight=2, queued=1, routable=1),
+                 ModelTraffic(model="sleepy", accepted=4, rejected=0, in_flight=0, queued=0, routable=1)))]
 
 
 @pytest.fixture
@@ -74,9 +75,8 @@ def test_status_json_keeps_its_shape(cli):
                       "standby_replicas": ["r-b"], "held_at_ingress": 0,
                       "startup_s": {"hot": 1.0, "warm": 3.2, "cold": 9.0}, "reason": "steady; 1 hot standby",
                       "serve_target": 2},
-        # `active_replica_count` was `active_replicas` (an int where the decision has a list).
-        "gate": {"model": "sleepy", "url": URL, "gate": True, "listening": False, "held": 0, "accepted": 3,
-                 "rejected": 0, "active_replica_count": 1}}]}
+        "traffic": [{"model": "sleepy", "accepted": 3, "rejected": 1, "in_flight": 2, "queued": 1, "routable": 1},
+                    {"model": "sleepy", "accepted": 4, "rejected": 0, "in_flight": 0, "queued": 0, "routable": 1}]}]}
 
 
 def test_status_json_reads_back_into_the_same_records(cli):
@@ -87,7 +87,7 @@ def test_status_json_reads_back_into_the_same_records(cli):
 def test_status_text_is_printed_from_typed_fields(cli):
     text = cli()
     assert "sleepy autoscale -> 2 replicas: steady; 1 hot standby" in text
-    assert "scale-to-zero gate idle: replicas serve the port; holding 0 request(s)" in text
+    assert "sleepy front doors: 7 accepted, 1 refused, 1 queued now; replicas reached: 1 / 1" in text
     assert "placement verified on 0/1 replicas" in text
     assert "stage 0 TP group crossed an island (expected extra all-reduce 7.5 us)" in text
     assert "7 / 0 (standby)" in text

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hbmserve.core.records import (CrossedGroup, DecisionRecord, GateInfo, ObservedRank, PlacementReport,
-                                   RecordError, ReplicaInfo)
+from hbmserve.core.records import (CrossedGroup, DecisionRecord, HeldCount, IngressInfo, ModelTraffic, ObservedRank,
+                                   PlacementReport, RecordError, ReplicaEndpoint, ReplicaInfo)
 from hbmserve.core.scaling import ReplicaState, Tier
 
 
@@ -29,19 +29,26 @@ def placement() -> PlacementReport:
 
 
 def replica(**overrides) -> ReplicaInfo:
-    fields = dict(model="m", engine="sim", url="http://127.0.0.1:18000", private_url="http://127.0.0.1:40001",
+    fields = dict(model="m", engine="sim", url="http://127.0.0.1:40001",
                   role=ReplicaState.STANDBY, replica="abc123", node_id="f" * 56, pid=4242, in_flight=1,
                   engine_waiting=2, engine_running=3, kv_usage=0.25, accepted=10, rejected=1, healthy=True,
                   load_s=20.4, placement=placement())
     return ReplicaInfo(**(fields | overrides))
 
 
-def gate() -> GateInfo:
-    return GateInfo(model="m", url="http://127.0.0.1:18000", listening=True, held=2, accepted=5, rejected=0,
-                    active_replica_count=0)
+def ingress() -> IngressInfo:
+    return IngressInfo(node_id="f" * 56, url="http://127.0.0.1:8000", own_url="http://127.0.0.1:40100", auth=True,
+                       connections=3, models=(ModelTraffic(model="m", accepted=5, rejected=1, in_flight=2, queued=1,
+                                                           routable=2),))
 
 
-@pytest.mark.parametrize("record", [decision(), replica(), replica(placement=None, private_url=None), gate(),
+def endpoint() -> ReplicaEndpoint:
+    return ReplicaEndpoint(app="m", deployment="engine-m", replica="abc123", model="m",
+                           url="http://127.0.0.1:40001", node_id="f" * 56, at=1000.0)
+
+
+@pytest.mark.parametrize("record", [decision(), replica(), replica(placement=None), ingress(), endpoint(),
+                                    HeldCount(held=3, at=5.0),
                                     placement()], ids=lambda r: type(r).__name__)
 def test_every_record_round_trips_through_json_and_plain_data(record):
     assert type(record).from_json(record.to_json()) == record
@@ -77,10 +84,9 @@ def test_fields_an_older_writer_lacked_take_their_defaults():
     old = {k: v for k, v in decision().to_dict().items() if k not in ("held_at_ingress", "startup_s")}
     d = DecisionRecord.from_dict(old)
     assert d.held_at_ingress == 0 and d.startup_s == {}
-    # A replica from before load times were reported; a gate from before the count had its own name.
+    # A replica from before load times were reported.
     r = ReplicaInfo.from_dict({k: v for k, v in replica().to_dict().items() if k not in ("load_s", "placement")})
     assert r.load_s is None and r.placement is None
-    assert GateInfo.from_dict({k: v for k, v in gate().to_dict().items() if k != "active_replica_count"}) == gate()
 
 
 @pytest.mark.parametrize("mutate, needle", [
@@ -130,9 +136,6 @@ def test_records_are_frozen():
         decision().target_active = 5  # type: ignore[misc]
 
 
-def test_a_gate_answer_is_marked_and_its_count_has_its_own_name():
-    data = gate().to_dict()
-    assert data["gate"] is True and data["active_replica_count"] == 0
-    assert "active_replicas" not in data  # that name is the decision record's list of ids
-    with pytest.raises(RecordError, match="field 'gate'"):
-        GateInfo.from_dict(data | {"gate": False})
+def test_a_renewed_record_is_fresh_only_within_its_time_to_live():
+    ep = endpoint()  # renewed at t=1000
+    assert ep.fresh(now=1005.0, ttl_s=6.0) and not ep.fresh(now=1006.5, ttl_s=6.0)

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hbmserve.routing.admission import Admit, AdmissionBudget, Reject, AdmissionLoad, admit
-from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
+from hbmserve.deployments.replica_http import EngineLoad
+from hbmserve.deployments.replica_middleware import LoadCounters, ReplicaMiddleware
 
 
 def test_admits_below_budget_and_rejects_at_it():
@@ -49,7 +50,15 @@ class _Engine:
         await send({"type": "http.response.body", "body": b"b"})
 
 
-async def _call(app, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+TOKEN = "internal-token-of-this-deploy"
+FRONT_DOOR = {"x-hbmserve-internal": TOKEN}
+
+
+def _middleware(engine, budget: AdmissionBudget, counters: LoadCounters) -> ReplicaMiddleware:
+    return ReplicaMiddleware(engine, budget, TOKEN, counters, lambda: EngineLoad(waiting=2, running=3, kv_usage=0.5))
+
+
+async def _call(app, path: str, headers: dict[str, str] | None = FRONT_DOOR) -> tuple[int, dict[str, str], bytes]:
     """Drive one ASGI request by hand, the way an ASGI server would."""
     scope = {"type": "http", "method": "POST", "path": path,
              "headers": [(k.encode(), v.encode()) for k, v in (headers or {}).items()]}
@@ -71,7 +80,7 @@ def test_middleware_rejects_over_budget_with_openai_error_and_retry_after():
     async def run():
         engine = _Engine()
         counters = LoadCounters()
-        mw = IngressMiddleware(engine, AdmissionBudget(1), frozenset(), counters)
+        mw = _middleware(engine, AdmissionBudget(1), counters)
         first = asyncio.create_task(_call(mw, "/v1/completions"))
         while counters.in_flight == 0:
             await asyncio.sleep(0.01)
@@ -91,17 +100,28 @@ def test_middleware_rejects_over_budget_with_openai_error_and_retry_after():
     assert len(counters.first_byte_s) == 1
 
 
-@pytest.mark.parametrize(("header", "status"), [(None, 401), ("Bearer wrong", 401), ("Bearer k1", 200)])
-def test_api_key_checked_on_v1_only(header, status):
+@pytest.mark.parametrize(("headers", "status"), [({}, 403), ({"x-hbmserve-internal": "guess"}, 403),
+                                                  ({"authorization": f"Bearer {TOKEN}"}, 403), (FRONT_DOOR, 200)])
+def test_only_the_front_door_is_served_and_health_is_open(headers, status):
     async def run():
         engine = _Engine()
         engine.release.set()
-        mw = IngressMiddleware(engine, AdmissionBudget(8), frozenset({"k1", "k2"}), LoadCounters())
-        headers = {"authorization": header} if header else {}
-        return await _call(mw, "/v1/models", headers), await _call(mw, "/health")
+        mw = _middleware(engine, AdmissionBudget(8), LoadCounters())
+        return await _call(mw, "/v1/models", headers), await _call(mw, "/health", {})
 
     v1, health = asyncio.run(run())
     assert v1[0] == status
-    if status == 401:
-        assert json.loads(v1[2])["error"]["code"] == "invalid_api_key"
+    if status == 403:
+        assert json.loads(v1[2])["error"]["code"] == "not_front_door"
     assert health[0] == 200
+
+
+def test_the_load_report_is_the_engine_gauges_and_the_counters():
+    async def run():
+        counters = LoadCounters(in_flight=1, accepted=9, rejected=2)
+        return await _call(_middleware(_Engine(), AdmissionBudget(8), counters), "/hbm/load")
+
+    status, _, body = asyncio.run(run())
+    assert status == 200
+    assert json.loads(body) == {"waiting": 2, "running": 3, "kv_usage": 0.5, "in_flight": 1, "accepted": 9,
+                                "rejected": 2}

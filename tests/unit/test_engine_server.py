@@ -18,7 +18,7 @@ import pytest
 
 from hbmserve.core.config import EngineKind, ModelSpec
 from hbmserve.deployments.engine_server import EngineServer
-from hbmserve.deployments.ingress_middleware import LoadCounters
+from hbmserve.deployments.replica_middleware import LoadCounters
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
 from hbmserve.deployments.serve_app import ENGINE_SERVERS
 from hbmserve.deployments.sim_server import SimHttpServer
@@ -78,7 +78,7 @@ def test_the_protocol_covers_what_the_replica_uses():
                          ids=["vllm", "sim"])
 def test_both_engine_servers_conform(cls, model):
     spec = model()
-    server = ENGINE_SERVERS[spec.engine](spec, "127.0.0.1", 0, frozenset())  # the factory the replica uses
+    server = ENGINE_SERVERS[spec.engine](spec, "127.0.0.1", "token")  # the factory the replica uses
     assert type(server) is cls
     assert mismatches(cls, server) == []
 
@@ -88,7 +88,7 @@ def test_every_registered_engine_builds_a_conforming_server():
     assert set(ENGINE_SERVERS) == set(factories)
     for kind, factory in ENGINE_SERVERS.items():
         spec = factories[kind]().model_copy(update={"engine": kind})
-        server = factory(spec, "127.0.0.1", 0, frozenset())
+        server = factory(spec, "127.0.0.1", "token")
         assert mismatches(type(server), server) == [], kind
 
 
@@ -96,7 +96,7 @@ class _Good:
     def __init__(self):
         self.counters, self.listener = LoadCounters(), AsgiListener()
 
-    async def start(self, listen: bool = True) -> str:
+    async def start(self) -> str:
         return ""
 
     async def stop(self) -> None:
@@ -109,13 +109,8 @@ class _Good:
         return True
 
 
-class _Renamed(_Good):
-    async def start(self, serve: bool = True) -> str:
-        return ""
-
-
-class _NewDefault(_Good):
-    async def start(self, listen: bool = False) -> str:
+class _NewParameter(_Good):
+    async def start(self, listen: bool) -> str:
         return ""
 
 
@@ -140,7 +135,7 @@ class _NoCounters(_Good):
 
 
 @pytest.mark.parametrize("cls, needle", [
-    (_Renamed, "start: parameters"), (_NewDefault, "start: parameters"), (_Blocking, "stop: sync"),
+    (_NewParameter, "start: parameters"), (_Blocking, "stop: sync"),
     (_WrongType, "engine_stats: types"), (_Missing, "healthy: missing"), (_NoCounters, "counters: not a"),
 ])
 def test_the_check_catches_a_broken_server(cls, needle):
@@ -159,7 +154,7 @@ import hbmserve.deployments.vllm_server, hbmserve.deployments.sim_server, hbmser
 from hbmserve.core.config import ModelSpec
 from hbmserve.deployments.serve_app import ENGINE_SERVERS
 spec = ModelSpec.model_validate({"name": "tiny", "source": "/models/tiny", "engine": "vllm-cpu"})
-ENGINE_SERVERS[spec.engine](spec, "127.0.0.1", 0, frozenset())
+ENGINE_SERVERS[spec.engine](spec, "127.0.0.1", "token")
 print(json.dumps({"s": time.perf_counter() - t,
                   "loaded": sorted(m for m in ("vllm", "torch", "ray", "uvicorn") if m in sys.modules)}))
 """

@@ -1,8 +1,9 @@
 """deployments/records_store.py, over an in-memory stand-in for Ray's internal KV (no cluster).
 
 Also the producers and consumers around it: the policy publishes a DecisionRecord, replicas
-and the gate read typed fields, the gate reports its count under its own name, a replica's
-`info()` is a valid ReplicaInfo. And a guard that no other module reads these records by key.
+read their role from it, renewed records (endpoints, held counts) stop counting once their
+writer stops renewing them, a replica's `info()` is a valid ReplicaInfo. And a guard that no
+other module reads these records by key.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hbmserve.core.records import DecisionRecord, GateInfo, ObservedRank, PlacementReport, RecordError, ReplicaInfo
+from hbmserve.core.records import (DecisionRecord, IngressInfo, LoadReport, ObservedRank, PlacementReport, RecordError,
+                                   ReplicaEndpoint, ReplicaInfo)
 from hbmserve.core.scaling import ReplicaState, Tier
 from hbmserve.deployments import records_store as store
 
@@ -41,12 +43,19 @@ def kv(monkeypatch):
     """Ray's internal KV as a dict: {(namespace, key): bytes}."""
     data: dict[tuple[str, str], bytes] = {}
 
+    def name(key) -> str:  # Ray takes str or bytes keys and lists bytes
+        return key.decode() if isinstance(key, bytes) else key
+
     def put(key, value, overwrite=True, namespace=None):
-        data[(namespace, key)] = value.encode() if isinstance(value, str) else value
+        data[(namespace, name(key))] = value.encode() if isinstance(value, str) else value
 
     monkeypatch.setattr(internal_kv, "_internal_kv_initialized", lambda: True)
     monkeypatch.setattr(internal_kv, "_internal_kv_put", put)
-    monkeypatch.setattr(internal_kv, "_internal_kv_get", lambda key, namespace=None: data.get((namespace, key)))
+    monkeypatch.setattr(internal_kv, "_internal_kv_get", lambda key, namespace=None: data.get((namespace, name(key))))
+    monkeypatch.setattr(internal_kv, "_internal_kv_del",
+                        lambda key, namespace=None: data.pop((namespace, name(key)), None))
+    monkeypatch.setattr(internal_kv, "_internal_kv_list", lambda prefix, namespace=None: [
+        k.encode() for ns, k in data if ns == namespace and k.startswith(prefix)])
     monkeypatch.setattr(ray_metrics, "Gauge", FakeGauge)
     FakeGauge.values = {}
     return data
@@ -76,13 +85,38 @@ def test_a_malformed_stored_decision_is_an_error_naming_its_key(kv):
         store.latest_decision("app", "engine")
 
 
-def test_the_held_count_round_trips_and_a_bad_one_is_named(kv):
-    assert store.held_at_ingress("app", "engine") == 0  # no gate
-    store.publish_held("app", "engine", 7)
-    assert store.held_at_ingress("app", "engine") == 7
-    kv[("hbmserve", "held/app/engine")] = b"lots"
-    with pytest.raises(RecordError, match="held/app/engine: 'lots'"):
-        store.held_at_ingress("app", "engine")
+def test_held_counts_sum_over_front_doors_and_die_with_their_writer(kv, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(store.time, "time", lambda: clock[0])
+    assert store.held_at_ingress("app", "engine") == 0  # nobody holds anything
+    store.publish_held("app", "engine", "door-a", 7)
+    store.publish_held("app", "engine", "door-b", 2)
+    store.publish_held("other", "engine", "door-a", 5)
+    assert store.held_at_ingress("app", "engine") == 9
+    clock[0] += store.TTL_S / 2
+    store.publish_held("app", "engine", "door-b", 3)  # door-b renews; door-a died
+    clock[0] += store.TTL_S / 2 + 0.1
+    assert store.held_at_ingress("app", "engine") == 3
+    assert ("hbmserve", "held/app/engine/door-a") not in kv  # the dead writer's count is gone
+    kv[("hbmserve", "held/app/engine/door-c")] = b"lots"  # malformed: skipped, not counted
+    assert store.held_at_ingress("app", "engine") == 3
+
+
+def test_endpoints_are_listed_while_renewed_and_withdrawn_on_stop(kv, monkeypatch):
+    clock = [50.0]
+    monkeypatch.setattr(store.time, "time", lambda: clock[0])
+
+    def ep(replica: str) -> ReplicaEndpoint:
+        return ReplicaEndpoint(app="m", deployment="engine-m", replica=replica, model="m",
+                               url=f"http://127.0.0.1:{4000 + len(replica)}", node_id="n", at=clock[0])
+
+    store.publish_endpoint(ep("a"))
+    store.publish_endpoint(ep("bb"))
+    assert sorted(e.replica for e in store.live_endpoints()) == ["a", "bb"]
+    store.remove_endpoint(ep("a"))  # a clean stop
+    clock[0] += store.TTL_S + 1  # bb crashed: no renewal
+    store.publish_endpoint(ep("ccc"))
+    assert [e.replica for e in store.live_endpoints()] == ["ccc"]
 
 
 def test_outside_a_cluster_nothing_is_held(monkeypatch):
@@ -103,27 +137,15 @@ def test_the_policy_publishes_what_it_decided_and_replicas_read_their_role(kv):
     published = store.latest_decision("app", "engine")
     assert published == sa.decision_in(state) and published.serve_target == target
     assert published.active_replicas and set(published.active_replicas) <= {"r1", "r2"}
-    replica = SimpleNamespace(_me=("app", "engine", published.active_replicas[0]))
-    assert EngineReplica._assigned_active(replica) is True
-    replica._me = ("app", "engine", "not-listed")
-    assert EngineReplica._assigned_active(replica) is False
-    replica._me = ("app", "never-decided", "r1")
-    assert EngineReplica._assigned_active(replica) is True  # before the policy's first decision every replica serves
 
+    def role(app: str, replica: str) -> ReplicaState:
+        me = SimpleNamespace(model=SimpleNamespace(autoscaling=object()),
+                             endpoint=SimpleNamespace(app=app, deployment="engine", replica=replica))
+        return EngineReplica._role(me)
 
-def test_the_gate_follows_the_ids_and_reports_a_count(kv):
-    from hbmserve.deployments.gate import ModelGate
-
-    store.DecisionLog().publish("app", "engine", record(active_replicas=("a", "b")))
-    gate = SimpleNamespace(app_name="app", engine_deployment="engine", model=SimpleNamespace(name="m"),
-                           url="http://127.0.0.1:1", listener=SimpleNamespace(serving=False), held=1,
-                           counters=SimpleNamespace(accepted=4, rejected=0))
-    gate._active = ModelGate._read_active(gate)
-    assert gate._active == ["a", "b"]
-    reply = asyncio.run(ModelGate.info(gate))
-    assert "active_replicas" not in reply
-    info = store.read_ingress_info(reply)
-    assert isinstance(info, GateInfo) and info.active_replica_count == 2 and info.held == 1
+    assert role("app", published.active_replicas[0]) is ReplicaState.ACTIVE
+    assert role("app", "not-listed") is ReplicaState.STANDBY
+    assert role("never-decided", "r1") is ReplicaState.ACTIVE  # before the policy's first decision
 
 
 def test_a_replica_info_reply_is_a_valid_replica_info(monkeypatch):
@@ -148,12 +170,13 @@ def test_a_replica_info_reply_is_a_valid_replica_info(monkeypatch):
         vars(replica).update(attrs)
         return replica
 
-    server = ENGINE_SERVERS[model.engine](model, "127.0.0.1", 18000, frozenset())  # not started
-    attrs = dict(model=model, host="127.0.0.1", load_s=2.5, server=server, url="http://127.0.0.1:18000")
-    info = store.read_ingress_info(asyncio.run(built(EngineReplica, **attrs).info()))
-    assert isinstance(info, ReplicaInfo)
-    assert (info.replica, info.role, info.load_s, info.placement) == ("abc", ReplicaState.STANDBY, 2.5, None)
-    assert info.node_id == "n" * 56 and info.private_url is None and info.healthy is False
+    server = ENGINE_SERVERS[model.engine](model, "127.0.0.1", "token")  # not started
+    endpoint = ReplicaEndpoint(app="m", deployment="engine-m", replica="abc", model="m",
+                               url="http://127.0.0.1:40001", node_id="n" * 56, at=0.0)
+    attrs = dict(model=model, load_s=2.5, server=server, url=endpoint.url, endpoint=endpoint)
+    info = store.read_replica_info(asyncio.run(built(EngineReplica, **attrs).info()))
+    assert (info.replica, info.role, info.load_s, info.placement) == ("abc", ReplicaState.ACTIVE, 2.5, None)
+    assert info.node_id == "n" * 56 and info.url == endpoint.url and info.healthy is False
 
     # A planned replica reports the same record plus its placement check.
     report = PlacementReport(replica=0, placement_verified=True, reason="as planned", crossed=(),
@@ -186,15 +209,17 @@ def test_a_planned_replica_reports_its_verification_typed():
 def test_a_malformed_reply_is_named():
     with pytest.raises(RecordError, match="malformed ReplicaInfo from a replica's info\\(\\) reply"):
         store.read_replica_info({"url": "http://x"})
-    with pytest.raises(RecordError, match="malformed GateInfo"):
-        store.read_ingress_info({"gate": True, "url": "http://x"})
+    with pytest.raises(RecordError, match="malformed IngressInfo"):
+        store.read_ingress_info({"url": "http://x"})
+    with pytest.raises(RecordError, match="malformed LoadReport"):
+        LoadReport.from_json(b'{"waiting": "many"}')
 
 
 # ---- guard: nobody else reads these records by key ----
 
-RECORD_KEYS = {f.name for cls in (DecisionRecord, ReplicaInfo, GateInfo, PlacementReport) for f in dataclasses.fields(cls)} - {
+RECORD_KEYS = {f.name for cls in (DecisionRecord, ReplicaInfo, IngressInfo, LoadReport, PlacementReport) for f in dataclasses.fields(cls)} - {
     # Too generic to tell a record read from any other dict: each is checked by its neighbours.
-    "model", "url", "engine", "reason", "at", "replica", "pid", "healthy"}
+    "model", "url", "engine", "reason", "at", "replica", "pid", "healthy", "waiting", "running"}
 ALLOWED = {Path("core/records.py"), Path("deployments/records_store.py")}
 
 
@@ -224,6 +249,6 @@ def test_no_module_reads_a_record_by_key():
     assert offenders == []
 
 
-@pytest.mark.parametrize("snippet", ['d["active_replicas"]', 'info.get("private_url")', 'gate["held"]'])
+@pytest.mark.parametrize("snippet", ['d["active_replicas"]', 'info.get("own_url")', 'report["kv_usage"]'])
 def test_the_guard_sees_a_keyed_read(snippet):
     assert keyed_reads(snippet)
