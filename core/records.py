@@ -222,6 +222,7 @@ class ModelTraffic(Record):
     in_flight: int  # admitted and not finished, queued ones included
     queued: int  # admitted, waiting for a replica (scale from zero, burst)
     routable: int  # active replicas this front door reaches now
+    retried: int = 0  # requests whose replica failed before answering, sent to another once
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,4 +234,5 @@ class IngressInfo(Record):
     own_url: str  # this front door alone (an ephemeral port), for probes and tests
     auth: bool  # API keys enforced
     connections: int  # client connections open now
+    rss_mib: float  # the front door process's resident memory
     models: tuple[ModelTraffic, ...]

@@ -99,11 +99,15 @@ class FrontDoor:
             self._held[m.name] = held
 
     def _info(self) -> IngressInfo:
+        import psutil
+
         models = tuple(ModelTraffic(model=name, accepted=a.accepted, rejected=a.rejected,
                                     in_flight=a.in_flight_sequences + a.queued, queued=a.queued,
-                                    routable=self.table.routable(name)) for name, a in self.admission.items())
+                                    routable=self.table.routable(name), retried=self.app.retried.get(name, 0))
+                       for name, a in self.admission.items())
         return IngressInfo(node_id=self.node_id, url=self.url, own_url=self.own_url, auth=self.guard.enforced,
-                           connections=self.server.connections, models=models)
+                           connections=self.server.connections,
+                           rss_mib=round(psutil.Process().memory_info().rss / 2**20, 1), models=models)
 
     async def info(self) -> dict:
         return info_reply(self._info())

@@ -23,6 +23,7 @@ from typing import Any
 from hbmserve.core.config import ClusterSpec
 from hbmserve.core.routing import RouteRequest
 from hbmserve.deployments.front_door_access import AccessGuard, Credential, Refusal
+from hbmserve.deployments.front_door_openapi import openapi_document
 from hbmserve.deployments.front_door_queue import ModelAdmission, ask_for
 from hbmserve.deployments.relay import FirstByteTimeout, NotStarted, relay, upstream_headers
 from hbmserve.deployments.replica_middleware import json_response, openai_error
@@ -109,6 +110,8 @@ class FrontDoorApp:
         self.token = token
         self.limits = limits
         self.info_of = None  # () -> IngressInfo as plain data; set by the front door
+        self.openapi = openapi_document(spec)
+        self.retried: dict[str, int] = {}  # model -> requests retried on another replica
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -131,6 +134,9 @@ class FrontDoorApp:
             await self._model_request(scope, receive, send, credential)
         elif path == "/hbm/info" and self.info_of is not None:
             for msg in json_response(200, self.info_of()):
+                await send(msg)
+        elif path == "/openapi.json":
+            for msg in json_response(200, self.openapi):
                 await send(msg)
         else:
             await _send_error(send, 404, f"no such path: {path}", "invalid_request_error", "not_found")
@@ -218,13 +224,14 @@ class FrontDoorApp:
             replica.remember(route.prefix_hashes)
             try:
                 await relay(self.session_of(), replica.endpoint.url + suffix, scope["method"], headers, raw, send,
-                            self.limits.first_byte_timeout_s, started)
+                            self.limits.first_byte_timeout_s, started, replica.endpoint.replica)
                 return
             except NotStarted as err:
                 failure = f"replica {replica.endpoint.replica} failed before answering ({err})"
                 log.warning("%s: %s; %s", model, failure, "retrying on another replica" if len(tried) < ATTEMPTS
                             else "giving up")
                 self.table.mark_unreachable(model, replica.endpoint.replica)
+                self.retried[model] = self.retried.get(model, 0) + 1
             except FirstByteTimeout:
                 await _send_error(send, 504, f"replica {replica.endpoint.replica} of {model} sent nothing within "
                                   f"{self.limits.first_byte_timeout_s:g}s", "server_error", "upstream_timeout")

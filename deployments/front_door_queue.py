@@ -32,6 +32,7 @@ PROMOTION_S = 2.0
 DEFAULT_MAX_TOKENS = 256
 CHARS_PER_TOKEN = 4  # English text; an estimate until the replica tokenizes
 _PACE_WINDOW_S = 30.0
+_MIN_PACE_SAMPLES = 3
 
 
 def ask_for(credential: Credential, model: ModelSpec, body: dict[str, Any], prompt_chars: int, now: float) -> Ask:
@@ -53,17 +54,24 @@ class ModelAdmission:
         self.clock = clock
         self.waiting: list[Ask] = []
         self._parked: dict[int, asyncio.Future] = {}  # id(ask) -> future of the queued ask
+        self._admitted_at: dict[int, float] = {}  # id(ask) -> when it got its slot
         self.in_flight_sequences = 0
         self.in_flight_tokens = 0
-        self._finished: deque[tuple[float, int]] = deque()  # (at, sequences)
+        self._durations: deque[tuple[float, float]] = deque()  # (finished at, seconds admitted)
         self.accepted = 0
         self.rejected = 0
 
     # -- the snapshot ----------------------------------------------------------------------
-    def _pace(self, now: float) -> float | None:
-        while self._finished and self._finished[0][0] < now - _PACE_WINDOW_S:
-            self._finished.popleft()
-        return sum(s for _, s in self._finished) / _PACE_WINDOW_S if self._finished else None
+    def _pace(self, now: float, active_sequences: int) -> float | None:
+        """Sequences the model completes per second when full: its batch over the median time a
+        request holds a slot (Little's law). Counting completions instead would measure the
+        offered load, which under light traffic is far below what the model can do."""
+        while self._durations and self._durations[0][0] < now - _PACE_WINDOW_S:
+            self._durations.popleft()
+        if len(self._durations) < _MIN_PACE_SAMPLES or active_sequences == 0:
+            return None
+        held = sorted(d for _, d in self._durations)[len(self._durations) // 2]
+        return active_sequences / max(held, 1e-3)
 
     def capacity(self, now: float) -> ModelCapacity:
         m, s = self.model, self.model.engine_settings
@@ -72,22 +80,23 @@ class ModelAdmission:
         spare = self.table.starting_or_standby(m.name)
         in_flight = max(self.in_flight_sequences, reported)
         if routable == 0 and m.autoscaling is not None:
-            # Scale from zero (or all replicas lost): hold for the replicas the autoscaler
-            # starts, up to one replica's queue, as long as scale_from_zero_wait_s allows.
+            # Scale from zero (or every replica lost): hold up to one replica's worth of queue
+            # while the autoscaler, which counts what is held here, starts one. No early SLO
+            # refusal: a refused request would leave nothing held, and nothing would start.
+            # What waits past scale_from_zero_wait_s is answered 503 (pump).
             return ModelCapacity(
                 active_sequences=0, in_flight_sequences=in_flight, in_flight_tokens=self.in_flight_tokens,
-                max_tokens_in_flight=0, queue_sequences=0, ttft_slo_s=None,
+                max_tokens_in_flight=0, queue_sequences=s.max_num_seqs * (QUEUE_BATCHES + 1),
                 help_arriving_s=PROMOTION_S if spare else m.autoscaling.startup_s.warm,
-                help_sequences=s.max_num_seqs * (QUEUE_BATCHES + 1), max_hold_s=m.autoscaling.scale_from_zero_wait_s,
-                completion_sequences_per_s=self._pace(now))
+                help_sequences=s.max_num_seqs, completion_sequences_per_s=self._pace(now, s.max_num_seqs))
         return ModelCapacity(
             active_sequences=routable * s.max_num_seqs, in_flight_sequences=in_flight,
             in_flight_tokens=self.in_flight_tokens,
             max_tokens_in_flight=routable * s.max_num_seqs * s.max_model_len,
             queue_sequences=routable * s.max_num_seqs * QUEUE_BATCHES,
-            ttft_slo_s=m.slo.ttft_p95_ms / 1000 if m.autoscaling is not None else None,
+            ttft_slo_s=m.slo.ttft_p95_ms / 1000,
             help_arriving_s=PROMOTION_S if spare else None, help_sequences=spare * s.max_num_seqs,
-            max_hold_s=PROMOTION_S, completion_sequences_per_s=self._pace(now))
+            max_hold_s=PROMOTION_S, completion_sequences_per_s=self._pace(now, routable * s.max_num_seqs))
 
     # -- requests ----------------------------------------------------------------------------
     async def enter(self, ask: Ask) -> Ask | Refusal:
@@ -100,26 +109,32 @@ class ModelAdmission:
                            decision.retry_after_s)
         self.accepted += 1
         if not isinstance(decision, Queue):
-            self._charge(ask)
+            self._charge(ask, now)
             return ask
         future = asyncio.get_running_loop().create_future()
         self.waiting.append(ask)
         self._parked[id(ask)] = future
         try:
             return await future
+        except asyncio.CancelledError:  # the client went away
+            if future.done() and not future.cancelled() and future.result() is ask:
+                self.leave(ask)  # released to it just now: give the slot back
+            raise
         finally:
             self._unqueue(ask)  # a no-op unless the client went away while queued
             self._parked.pop(id(ask), None)
 
     def leave(self, ask: Ask) -> None:
+        now = self.clock()
         self.in_flight_sequences -= ask.sequences
         self.in_flight_tokens -= ask.tokens
-        self._finished.append((self.clock(), ask.sequences))
+        self._durations.append((now, now - self._admitted_at.pop(id(ask), now)))
         self.pump()
 
-    def _charge(self, ask: Ask) -> None:
+    def _charge(self, ask: Ask, now: float) -> None:
         self.in_flight_sequences += ask.sequences
         self.in_flight_tokens += ask.tokens
+        self._admitted_at[id(ask)] = now
 
     def pump(self) -> None:
         """Release what fits now; answer what waited too long (503 + Retry-After). Called after
@@ -130,7 +145,7 @@ class ModelAdmission:
         capacity = self.capacity(now)
         for ask in next_to_run(Waiting(tuple(self.waiting)), capacity).asks:
             self._unqueue(ask)
-            self._charge(ask)
+            self._charge(ask, now)
             self._resolve(ask, ask)
         max_wait = (self.model.autoscaling.scale_from_zero_wait_s if self.model.autoscaling is not None
                     else self.model.slo.ttft_p95_ms / 1000 * 10)

@@ -48,9 +48,13 @@ def sse_error_event(message: str) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
+REPLICA_HEADER = b"x-hbmserve-replica"
+
+
 async def relay(session, url: str, method: str, headers: dict[str, str], body: bytes, send,
-                first_byte_timeout_s: float, started_at: float) -> Relayed:
-    """Send the request to `url` and stream the reply to the ASGI `send`."""
+                first_byte_timeout_s: float, started_at: float, replica: str = "") -> Relayed:
+    """Send the request to `url` and stream the reply to the ASGI `send`; the reply names the
+    replica that served it (`x-hbmserve-replica`), for the client's and the operator's logs."""
     import aiohttp
 
     loop = asyncio.get_running_loop()
@@ -71,6 +75,8 @@ async def relay(session, url: str, method: str, headers: dict[str, str], body: b
         is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
         out_headers = [(k.encode("latin-1").lower(), v.encode("latin-1")) for k, v in resp.headers.items()
                        if k.lower() not in _RESPONSE_DROP and not (is_sse and k.lower() == "content-length")]
+        if replica:
+            out_headers.append((REPLICA_HEADER, replica.encode()))
         await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
         if first:
             await send({"type": "http.response.body", "body": first, "more_body": True})

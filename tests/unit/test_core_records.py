@@ -38,7 +38,7 @@ def replica(**overrides) -> ReplicaInfo:
 
 def ingress() -> IngressInfo:
     return IngressInfo(node_id="f" * 56, url="http://127.0.0.1:8000", own_url="http://127.0.0.1:40100", auth=True,
-                       connections=3, models=(ModelTraffic(model="m", accepted=5, rejected=1, in_flight=2, queued=1,
+                       connections=3, rss_mib=80.5, models=(ModelTraffic(model="m", accepted=5, rejected=1, in_flight=2, queued=1,
                                                            routable=2),))
 
 

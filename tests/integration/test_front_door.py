@@ -1,0 +1,281 @@
+"""The front door on a real multi-node Ray cluster (ray.cluster_utils.Cluster: a head and two
+worker raylets on this machine), real Serve, simulated engines, keys from files.
+
+One deployment serves the whole module, in this order: one endpoint on every node; each node's
+front door reaching replicas on the other nodes; the auth matrix; slow clients; overload; a
+replica killed mid-stream and before its first byte; a worker node removed. Every test counts
+what it sent, what was accepted and refused, and checks that nothing accepted was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from hbmserve.cluster import ray_cluster as rc
+from hbmserve.core.config import parse_cluster_spec
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[cpu]')")
+
+pytestmark = pytest.mark.integration
+
+PORT = 18400
+KEY_A, KEY_B, ADMIN = "tenant-a-key-0123456789", "tenant-b-key-0123456789", "admin-token-0123456789"
+A, B = {"authorization": f"Bearer {KEY_A}"}, {"authorization": f"Bearer {KEY_B}"}
+ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
+SIM = {"gpu": "h100-sxm", "model_config_name": "llama-3.1-8b", "speedup": 20.0}
+
+
+def _spec(keys_file, admin_file):
+    return parse_cluster_spec({
+        "name": "hbmserve-frontdoor-test",
+        "serve": {"http": {"host": "127.0.0.1", "port": PORT, "header_timeout_s": 2, "body_timeout_s": 2,
+                           "max_body_bytes": 65536},
+                  "auth": {"keys_file": str(keys_file), "admin_token_file": str(admin_file)}},
+        "models": [
+            {"name": "sim-a", "source": "sim", "engine": "sim", "replicas": 2, "sim": SIM,
+             "engine_settings": {"max_model_len": 2048, "max_num_seqs": 4}},
+            {"name": "sim-b", "source": "sim", "engine": "sim", "replicas": 1, "sim": SIM,
+             "engine_settings": {"max_model_len": 2048, "max_num_seqs": 4}},
+        ]})
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from ray import serve
+    from ray.cluster_utils import Cluster
+
+    d = tmp_path_factory.mktemp("frontdoor-auth")
+    keys, admin = d / "keys.yaml", d / "admin-token"
+    keys.write_text(f"tenants:\n  - {{name: team-a, keys: ['{KEY_A}'], priority: 1}}\n"
+                    f"  - {{name: team-b, keys: ['{KEY_B}'], requests_per_minute: 600}}\n")
+    admin.write_text(ADMIN + "\n")
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        workers = [c.add_node(num_cpus=1) for _ in range(2)]
+        c.wait_for_nodes(timeout=60)
+        rc.connect(c.address)
+        spec = _spec(keys, admin)
+        endpoints = rc.deploy(spec)
+        yield {"cluster": c, "workers": workers, "spec": spec, "url": endpoints["sim-a"], "keys": keys}
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            c.shutdown()
+
+
+def _doors():
+    return rc.front_doors()
+
+
+def _replicas(model: str) -> dict[str, dict]:
+    (m,) = [m for m in rc.status() if m.name == model]
+    return {r.replica: r for r in m.replica_stats}
+
+
+def _complete(url: str, model: str = "sim-a", headers=A, max_tokens: int = 16, stream: bool = False,
+              client: httpx.Client | None = None) -> httpx.Response:
+    body = {"model": model, "prompt": "the front door", "max_tokens": max_tokens, "stream": stream}
+    if client is not None:
+        return client.post(f"{url}/v1/completions", json=body, headers=headers)
+    return httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=60)
+
+
+def test_one_endpoint_on_every_node_serves_every_model(cluster):
+    doors = _doors()
+    assert len(doors) == 3 and len({d.node_id for d in doors}) == 3  # one front door per node
+    assert {d.url for d in doors} == {cluster["url"]} == {f"http://127.0.0.1:{PORT}"}
+    for door in doors:
+        assert door.auth
+        models = httpx.get(f"{door.own_url}/v1/models", headers=A, timeout=10).json()
+        assert [m["id"] for m in models["data"]] == ["sim-a", "sim-b"]
+        for model in ("sim-a", "sim-b"):
+            r = _complete(door.own_url, model)
+            assert r.status_code == 200, r.text
+            assert r.json()["model"] == model
+        missing = _complete(door.own_url, "no-such-model")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "model_not_found"
+        assert {t.model: t.routable for t in door.models} == {"sim-a": 2, "sim-b": 1}
+
+
+def test_each_front_door_reaches_replicas_on_other_nodes(cluster):
+    by_replica = _replicas("sim-a")
+    nodes = {r.replica.split(":")[0] for r in by_replica.values()}
+    assert len(nodes) == 2, by_replica  # Serve spread the two replicas over two nodes
+    for door in _doors():
+        before = {k: r.accepted for k, r in _replicas("sim-a").items()}
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda _: _complete(door.own_url, max_tokens=64).status_code, range(16)))
+        assert codes == [200] * 16
+        after = _replicas("sim-a")
+        got = {k: r.accepted - before.get(k, 0) for k, r in after.items()}
+        # Concurrent requests from one front door spread over both replicas, hence both nodes.
+        assert all(n > 0 for n in got.values()) and sum(got.values()) == 16, got
+
+
+PATHS = [("GET", "/health"), ("GET", "/v1/models"), ("GET", "/v1/models/sim-a"), ("POST", "/v1/completions"),
+         ("POST", "/v1/chat/completions"), ("POST", "/tokenize"), ("POST", "/invocations"), ("GET", "/metrics"),
+         ("GET", "/hbm/info"), ("GET", "/openapi.json"), ("GET", "/docs"), ("POST", "/v1/load_lora_adapter"),
+         ("GET", "/version"), ("GET", "/v1/../hbm/info")]
+CREDENTIALS = {"none": {}, "wrong": {"authorization": "Bearer not-a-key-at-all-000"}, "tenant": A,
+               "admin": ADMIN_H}
+
+
+def _expected(path: str, who: str) -> set[int]:
+    if path == "/health":
+        return {200}
+    inference = path.startswith("/v1/") and ".." not in path and "lora" not in path or path in ("/tokenize", "/invocations")
+    if inference:
+        return {401} if who in ("none", "wrong", "admin") else {200, 400, 404}
+    if who == "admin":
+        return {200, 404}
+    return {403} if who == "tenant" else {401}
+
+
+def test_auth_matrix_every_path_and_credential(cluster):
+    url, sent, refused = cluster["url"], 0, 0
+    body = {"model": "sim-a", "prompt": "x", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    with httpx.Client(timeout=30) as client:
+        for method, path in PATHS:
+            for who, headers in CREDENTIALS.items():
+                raw = client.build_request(method, url + "/", headers=headers, json=body if method == "POST" else None)
+                raw.url = raw.url.copy_with(raw_path=path.encode())  # keep `..` as sent
+                r = client.send(raw)
+                sent += 1
+                assert r.status_code in _expected(path, who), (method, path, who, r.status_code, r.text[:200])
+                if r.status_code in (401, 403):
+                    refused += 1
+                    assert r.json()["error"]["type"] in ("authentication_error", "permission_error")
+                    assert KEY_A not in r.text and ADMIN not in r.text
+    assert refused >= 30
+    info = httpx.get(f"{url}/hbm/info", headers=ADMIN_H, timeout=10).text
+    assert KEY_A not in info and KEY_B not in info and ADMIN not in info
+
+
+def test_slow_and_idle_clients_hold_no_admission_slot(cluster):
+    url = cluster["url"]
+
+    async def attack_and_serve():
+        slow = []
+        for _ in range(150):  # headers and one byte of a body, then silence (the issue's attack)
+            r, w = await asyncio.open_connection("127.0.0.1", PORT)
+            w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY_A.encode()
+                    + b"\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{")
+            slow.append((r, w))
+        for _ in range(40):  # idle connections that never send a byte
+            slow.append(await asyncio.open_connection("127.0.0.1", PORT))
+        ok = 0
+        async with httpx.AsyncClient(timeout=30) as client:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 4:
+                r = await client.post(f"{url}/v1/completions", headers=A,
+                                      json={"model": "sim-a", "prompt": "real", "max_tokens": 8})
+                assert r.status_code == 200, r.text
+                ok += 1
+        await asyncio.sleep(1.5)  # past body_timeout_s / header_timeout_s (2 s) for all of them
+        answers = []
+        for r, w in slow:
+            answers.append(await asyncio.wait_for(r.read(), timeout=5))  # the server closed it
+            w.close()
+        return ok, answers
+
+    ok, answers = asyncio.run(attack_and_serve())
+    assert ok >= 10
+    slow_bodies = [a for a in answers[:150]]
+    assert all(b" 408 " in a.split(b"\r\n", 1)[0] for a in slow_bodies), slow_bodies[:2]
+    print(f"slow-client attack: sent {ok} real requests, accepted {ok}, refused 0, lost 0; "
+          f"190 slow/idle connections closed")
+
+
+def test_overload_refuses_the_excess_and_loses_nothing_accepted(cluster):
+    url = cluster["url"]
+    # sim-a admits 2 replicas x 4 running + 3 batches of queue each = 32 sequences at once;
+    # 96 concurrent long requests are 3x that.
+    def one(i: int):
+        t0 = time.monotonic()
+        try:
+            with httpx.Client(timeout=120) as c, c.stream("POST", f"{url}/v1/completions", headers=A, json={
+                    "model": "sim-a", "prompt": f"overload {i}", "max_tokens": 200, "stream": True}) as r:
+                if r.status_code != 200:
+                    r.read()
+                    return r.status_code, r.headers.get("retry-after"), None, False
+                first, done = None, False
+                for line in r.iter_lines():
+                    if first is None and line.startswith("data: "):
+                        first = time.monotonic() - t0
+                    done = done or line == "data: [DONE]"
+                return 200, None, first, done
+        except httpx.HTTPError as err:
+            return "lost", repr(err), None, False
+
+    with ThreadPoolExecutor(96) as pool:
+        results = list(pool.map(one, range(96)))
+    accepted = [r for r in results if r[0] == 200]
+    refused = [r for r in results if r[0] == 429]
+    lost = [r for r in results if r[0] not in (200, 429) or (r[0] == 200 and not r[3])]
+    print(f"overload: sent 96, accepted {len(accepted)}, refused {len(refused)}, lost {len(lost)}")
+    assert not lost, lost[:3]
+    assert len(accepted) >= 32 and refused, (len(accepted), len(refused))
+    assert all(r[1] and int(r[1]) >= 1 for r in refused)  # Retry-After on every 429
+    slo_s = 2.0
+    within = sum(1 for r in accepted if r[2] is not None and r[2] <= slo_s)
+    assert within >= 0.95 * len(accepted), sorted(r[2] for r in accepted)[-5:]
+
+
+def _actor_of(replica_id: str):
+    """The Serve replica actor with this replica id (Serve names them APP#DEPLOYMENT#ID)."""
+    (name,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(f"#{replica_id}")]
+    return ray.get_actor(name, namespace="serve")
+
+
+def test_overload_kept_front_door_memory_bounded(cluster):
+    # After the overload above: each front door's resident memory stays that of an idle process.
+    assert all(d.rss_mib < 400 for d in _doors()), [(d.own_url, d.rss_mib) for d in _doors()]
+
+
+def test_replica_killed_mid_stream_ends_the_stream_with_an_error_event(cluster):
+    url = cluster["url"]
+    body = {"model": "sim-a", "prompt": "a long answer", "max_tokens": 1500, "stream": True}
+    lines = []
+    with httpx.Client(timeout=60) as c, c.stream("POST", f"{url}/v1/completions", headers=A, json=body) as r:
+        assert r.status_code == 200
+        victim = r.headers["x-hbmserve-replica"]
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line)
+            if len(lines) == 5:
+                ray.kill(_actor_of(victim), no_restart=False)  # the replica process dies mid-stream
+    assert lines[-1] != "data: [DONE]"
+    assert json.loads(lines[-1][6:])["error"]["code"] == "replica_failed"
+    # Right after: requests arriving while the dead replica may still look alive are retried
+    # on the other one before any byte is sent; none fails.
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda _: _complete(url).status_code, range(24)))
+    print(f"replica killed: sent 24 after the kill, accepted {codes.count(200)}, lost {24 - codes.count(200)}; "
+          f"retried {sum(t.retried for d in _doors() for t in d.models if t.model == 'sim-a')}")
+    assert codes == [200] * 24
+
+
+def test_worker_node_removed_the_service_answers_at_once(cluster):
+    c = cluster["cluster"]
+    head_door = next(d for d in _doors() if d.node_id == c.head_node.node_id)
+    on_workers = {w.node_id: w for w in cluster["workers"]}
+    victim = next((on_workers[n["NodeID"]] for n in ray.nodes() if n["Alive"] and n["NodeID"] in on_workers
+                   and any(r.replica.startswith(n["NodeID"][:8]) for r in _replicas("sim-a").values())), None)
+    assert victim is not None, "no sim-a replica on a worker node"
+    c.remove_node(victim)
+    t0, codes = time.monotonic(), []
+    with httpx.Client(timeout=30) as client:
+        while time.monotonic() - t0 < 5:
+            codes.append(_complete(head_door.own_url, client=client).status_code)
+    print(f"node removed: sent {len(codes)} in the next 5 s, accepted {codes.count(200)}, "
+          f"lost {len(codes) - codes.count(200)}")
+    assert codes and codes == [200] * len(codes)
