@@ -64,7 +64,7 @@ def _print_endpoints(spec: ClusterSpec, endpoints: dict[str, str], dashboard: st
     for name, url in endpoints.items():
         out.print(f"[bold green]serving[/] {name} at [bold]{url}/v1[/]")
     name, url = next(iter(endpoints.items()))
-    auth = ' -H "Authorization: Bearer $KEY"' if spec.serve.api_key_env else ""
+    auth = ' -H "Authorization: Bearer $KEY"' if spec.serve.auth else ""
     out.print("try:", style="dim")
     out.print(
         f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "

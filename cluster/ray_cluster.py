@@ -117,7 +117,7 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
             from hbmserve.deployments.placed_app import build_placed_app
 
             result, topology = plans[m.name]
-            app = build_placed_app(spec.serve.http.host, spec.serve.api_key_env, m, ports[m.name], result, topology)
+            app = build_placed_app(spec.serve.http.host, spec.serve.auth, m, ports[m.name], result, topology)
         else:
             app = build_model_app(spec, m, ports[m.name])
         try:

@@ -9,7 +9,7 @@ parameter fails a test rather than a replica in a live cluster.
 
 Life of a server, as the replica drives it:
 
-    server = factory(model, host, port, api_keys)   # cheap: no engine, no socket
+    server = factory(model, host, port, keys)       # cheap: no engine, no socket
     url = await server.start(listen=...)             # load the engine, then listen (or not)
     ... server.listener.pause() / resume()           # role changes (autoscale/roles.py)
     ... server.engine_stats(), server.counters       # autoscaling stats, info(), health

@@ -24,14 +24,14 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import time
 
-from hbmserve.core.config import ModelSpec
+from hbmserve.core.config import AuthSpec, ModelSpec
 from hbmserve.core.records import GateInfo
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.admission import AdmissionBudget
-from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters, json_response, openai_error
+from hbmserve.deployments.ingress_middleware import (IngressMiddleware, LoadCounters, json_response,
+                                                     load_key_ring, openai_error)
 from hbmserve.deployments.records_store import (info_reply, latest_decision, publish_held,
                                                  read_replica_info)
 from hbmserve.deployments.replica_http import AsgiListener
@@ -48,7 +48,7 @@ _HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"host", b"up
 class ModelGate:
     """The Serve deployment class (one replica per scale-to-zero model)."""
 
-    async def __init__(self, model_json: str, host: str, port: int, api_key_env: str | None,
+    async def __init__(self, model_json: str, host: str, port: int, auth: AuthSpec | None,
                        engine, engine_deployment: str, max_held: int):
         from ray import serve
 
@@ -61,10 +61,9 @@ class ModelGate:
         self._active: list[str] = []
         self._active_since: float | None = None
         self._urls: dict[str, str] = {}  # replica id -> private URL, for active replicas
-        keys = os.environ.get(api_key_env, "") if api_key_env else ""
         self.counters = LoadCounters()
-        asgi = IngressMiddleware(self._app, AdmissionBudget(max_in_flight=max_held),
-                                 frozenset(k for k in keys.split(",") if k), self.counters)
+        asgi = IngressMiddleware(self._app, AdmissionBudget(max_in_flight=max_held), load_key_ring(auth),
+                                 self.counters)
         self.listener = AsgiListener()
         self.url = self.listener.prepare(asgi, host, port)
         import httpx

@@ -1,4 +1,4 @@
-"""ASGI middleware in front of the engine's OpenAI app: API keys, admission, load counters.
+"""ASGI middleware in front of the engine's OpenAI app: auth, admission, load counters.
 
 Written as raw ASGI (not Starlette's BaseHTTPMiddleware) because it sits on every streamed
 chunk of the data path; it adds one dict lookup and two counters per request.
@@ -6,12 +6,16 @@ chunk of the data path; it adds one dict lookup and two counters per request.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from hbmserve.access.authorize import Denied, authorize
+from hbmserve.access.keys import KeyRing, KeysFileError, parse_admin_token, parse_keys_file
+from hbmserve.core.config import AuthSpec
 from hbmserve.routing.admission import AdmissionBudget, Reject, AdmissionLoad, admit
 
 Scope = dict[str, Any]
@@ -85,21 +89,48 @@ def openai_error(status: int, message: str, err_type: str, code: str, headers: l
                          headers)
 
 
+def _read(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+        raise KeysFileError(f"cannot read the {what} {path}: {why}") from None
+
+
+def load_key_ring(auth: AuthSpec | None) -> KeyRing | None:
+    """The key ring the config's `serve.auth` names, read now; None when auth is off. Raises
+    KeysFileError (the file and field at fault, never a key) so that a server without its keys
+    does not start: auth fails closed."""
+    if auth is None:
+        return None
+    ring = parse_keys_file(_read(auth.keys_file, "keys file (serve.auth.keys_file)"), auth.keys_file)
+    if auth.admin_token_file is None:
+        return ring
+    text = _read(auth.admin_token_file, "admin token file (serve.auth.admin_token_file)")
+    return dataclasses.replace(ring, admin_digest=parse_admin_token(text, auth.admin_token_file))
+
+
 class IngressMiddleware:
-    def __init__(self, app: ASGIApp, budget: AdmissionBudget, api_keys: frozenset[str], counters: LoadCounters):
+    """`keys` None: auth is off. Otherwise every path but /health needs a credential
+    (hbmserve.access.authorize)."""
+
+    def __init__(self, app: ASGIApp, budget: AdmissionBudget, keys: KeyRing | None, counters: LoadCounters):
         self.app = app
         self.budget = budget
-        self.api_keys = frozenset(f"Bearer {k}".encode() for k in api_keys)
+        self.keys = keys
         self.counters = counters
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.api_keys and dict(scope["headers"]).get(b"authorization") not in self.api_keys:
-            for msg in openai_error(401, "Invalid or missing API key.", "authentication_error", "invalid_api_key"):
-                await send(msg)
-            return
+        if self.keys is not None:
+            access = authorize(self.keys, scope["path"], dict(scope["headers"]).get(b"authorization"))
+            if isinstance(access, Denied):
+                for msg in openai_error(access.status, access.reason, access.err_type, access.code):
+                    await send(msg)
+                return
         if scope["path"] not in _ADMITTED_PATHS:
             await self.app(scope, receive, send)
             return

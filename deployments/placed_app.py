@@ -18,7 +18,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from hbmserve.core.config import EngineKind, ModelSpec
+from hbmserve.core.config import AuthSpec, EngineKind, ModelSpec
 from hbmserve.core.records import PlacementReport, ReplicaInfo
 from hbmserve.deployments.serve_app import EngineReplica, actor_options
 from hbmserve.placement.plan_types import PlacementPlan, PlacementRequest
@@ -98,7 +98,7 @@ class PlacedEngineReplica(EngineReplica):
     application when the ingress binds it, so replica 0 binds the rest; it never calls them.
     """
 
-    async def __init__(self, model_json: str, host: str, port: int, api_key_env: str | None,
+    async def __init__(self, model_json: str, host: str, port: int, auth: AuthSpec | None,
                      result: PlacementPlan, topology: ClusterTopology, pg: PlacementGroupSpec, *peers) -> None:
         from hbmserve.placement.ray_observe import observe_ranks
 
@@ -108,7 +108,7 @@ class PlacedEngineReplica(EngineReplica):
         self.verification = verify_replica(result, pg.replica, reports, topology)
         self.placement = placement_report(self.verification, reports)
         self._record_metrics(deployment_name(model, pg.replica))
-        await super().__init__(model_json, host, port, api_key_env)
+        await super().__init__(model_json, host, port, auth)
 
     def _record_metrics(self, deployment: str) -> None:
         from hbmserve.placement.ray_observe import log_verification, publish_verification_metrics
@@ -120,7 +120,7 @@ class PlacedEngineReplica(EngineReplica):
         return dataclasses.replace(super()._replica_info(), placement=self.placement)
 
 
-def build_placed_app(host: str, api_key_env: str | None, model: ModelSpec, port: int,
+def build_placed_app(host: str, auth: AuthSpec | None, model: ModelSpec, port: int,
                      result: PlacementPlan, topology: ClusterTopology):
     """The model's one Serve application: a deployment per planned replica, replica 0 as ingress."""
     from ray import serve
@@ -128,6 +128,6 @@ def build_placed_app(host: str, api_key_env: str | None, model: ModelSpec, port:
     bound = []
     for pg in placed_specs(model, result, topology):
         deployment = serve.deployment(PlacedEngineReplica, **deployment_options(model, pg))
-        bound.append((deployment, (model.model_dump_json(), host, port, api_key_env, result, topology, pg)))
+        bound.append((deployment, (model.model_dump_json(), host, port, auth, result, topology, pg)))
     (first, first_args), rest = bound[0], bound[1:]
     return first.bind(*first_args, *(d.bind(*args) for d, args in rest))

@@ -14,7 +14,8 @@ import os
 import time
 from typing import Callable
 
-from hbmserve.core.config import ClusterSpec, EngineKind, ModelSpec
+from hbmserve.access.keys import KeyRing
+from hbmserve.core.config import AuthSpec, ClusterSpec, EngineKind, ModelSpec
 from hbmserve.core.records import ReplicaInfo
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.admission import AdmissionBudget
@@ -34,21 +35,21 @@ def _budget(model: ModelSpec) -> AdmissionBudget:
     return AdmissionBudget(max_in_flight=model.engine_settings.max_num_seqs * QUEUE_SLOTS_PER_SEQ)
 
 
-def _vllm_server(model: ModelSpec, host: str, port: int, api_keys: frozenset[str]) -> EngineServer:
+def _vllm_server(model: ModelSpec, host: str, port: int, keys: KeyRing | None) -> EngineServer:
     from hbmserve.deployments.vllm_server import VLLMHttpServer
 
-    return VLLMHttpServer(vllm_launch(model, host, port), _budget(model), api_keys)
+    return VLLMHttpServer(vllm_launch(model, host, port), _budget(model), keys)
 
 
-def _sim_server(model: ModelSpec, host: str, port: int, api_keys: frozenset[str]) -> EngineServer:
+def _sim_server(model: ModelSpec, host: str, port: int, keys: KeyRing | None) -> EngineServer:
     from hbmserve.deployments.sim_server import SimHttpServer
 
-    return SimHttpServer(model, host, port, _budget(model), api_keys)
+    return SimHttpServer(model, host, port, _budget(model), keys)
 
 
-# (model, host, port, api_keys) -> a server not yet started. Building one is cheap: the engine
-# loads in `start()`.
-EngineServerFactory = Callable[[ModelSpec, str, int, frozenset[str]], EngineServer]
+# (model, host, port, keys or None for no auth) -> a server not yet started. Building one is
+# cheap: the engine loads in `start()`.
+EngineServerFactory = Callable[[ModelSpec, str, int, KeyRing | None], EngineServer]
 ENGINE_SERVERS: dict[EngineKind, EngineServerFactory] = {
     EngineKind.VLLM_CPU: _vllm_server,
     EngineKind.VLLM_GPU: _vllm_server,
@@ -68,12 +69,13 @@ class EngineReplica:
     replicas listen on the model's port, hot standbys keep the engine loaded without listening.
     """
 
-    async def __init__(self, model_json: str, host: str, port: int, api_key_env: str | None):
+    async def __init__(self, model_json: str, host: str, port: int, auth: AuthSpec | None):
+        from hbmserve.deployments.ingress_middleware import load_key_ring
+
         self.model = ModelSpec.model_validate_json(model_json)
         self.host = host
-        keys = os.environ.get(api_key_env, "") if api_key_env else ""
-        api_keys = frozenset(k for k in keys.split(",") if k)
-        self.server: EngineServer = ENGINE_SERVERS[self.model.engine](self.model, host, port, api_keys)
+        keys = load_key_ring(auth)  # raises when the files cannot be used: no replica without its keys
+        self.server: EngineServer = ENGINE_SERVERS[self.model.engine](self.model, host, port, keys)
         self._roles: asyncio.Task | None = None
         started = time.monotonic()
         if self.model.autoscaling is None:
@@ -238,7 +240,7 @@ def build_model_app(spec: ClusterSpec, model: ModelSpec, port: int):
         graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S + 10,
         **scaling_options(model),
     )
-    args = (model.model_dump_json(), spec.serve.http.host, port, spec.serve.api_key_env)
+    args = (model.model_dump_json(), spec.serve.http.host, port, spec.serve.auth)
     engine = deployment.bind(*args)
     if model.autoscaling is None or model.autoscaling.min_replicas > 0:
         return engine

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from hbmserve.core.config import ModelSpec
+from hbmserve.access.keys import KeyRing
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
@@ -183,11 +184,11 @@ class SimHttpServer:
     """A replica's simulated engine and its HTTP server; the engine is built in `start()`.
     An `EngineServer` (engine_server.py documents each method)."""
 
-    def __init__(self, model: ModelSpec, host: str, port: int, budget: AdmissionBudget, api_keys: frozenset[str]):
+    def __init__(self, model: ModelSpec, host: str, port: int, budget: AdmissionBudget, keys: KeyRing | None):
         self.model = model
         self.host, self.port = host, port
         self.budget = budget
-        self.api_keys = api_keys
+        self.keys = keys
         self.counters = LoadCounters()
         self.engine = None
         self.url: str | None = None
@@ -206,7 +207,7 @@ class SimHttpServer:
         await self.engine.wait_ready()
         app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len)
         try:
-            asgi = IngressMiddleware(app, self.budget, self.api_keys, self.counters)
+            asgi = IngressMiddleware(app, self.budget, self.keys, self.counters)
             self.url = (await self.listener.serve(asgi, self.host, self.port) if listen
                         else self.listener.prepare(asgi, self.host, self.port))
         except BaseException:

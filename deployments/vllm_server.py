@@ -13,6 +13,7 @@ import logging
 import os
 from contextlib import AsyncExitStack
 
+from hbmserve.access.keys import KeyRing
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import EngineLaunch
 from hbmserve.deployments.vllm_argv import parse_launch
@@ -26,10 +27,10 @@ class VLLMHttpServer:
     """vLLM's engine and OpenAI app; an `EngineServer` (engine_server.py documents each method).
     vLLM is imported only in `start()`: building one (or importing this module) loads nothing."""
 
-    def __init__(self, launch: EngineLaunch, budget: AdmissionBudget, api_keys: frozenset[str]):
+    def __init__(self, launch: EngineLaunch, budget: AdmissionBudget, keys: KeyRing | None):
         self.launch = launch
         self.budget = budget
-        self.api_keys = api_keys
+        self.keys = keys
         self.counters = LoadCounters()
         self.engine_client = None
         self.url: str | None = None
@@ -53,7 +54,7 @@ class VLLMHttpServer:
             # Serve only once the engine is loaded: the port is shared (SO_REUSEPORT), and a
             # loading replica that listened would take its share of connections and hold them
             # for the whole load.
-            asgi = IngressMiddleware(app, self.budget, self.api_keys, self.counters)
+            asgi = IngressMiddleware(app, self.budget, self.keys, self.counters)
             self.url = (await self.listener.serve(asgi, args.host, args.port) if listen
                         else self.listener.prepare(asgi, args.host, args.port))
         except BaseException:

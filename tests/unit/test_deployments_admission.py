@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -10,7 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hbmserve.routing.admission import Admit, AdmissionBudget, Reject, AdmissionLoad, admit
-from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters
+from hbmserve.access.keys import KeysFileError, parse_admin_token, parse_keys_file
+from hbmserve.core.config import AuthSpec
+from hbmserve.deployments.ingress_middleware import IngressMiddleware, LoadCounters, load_key_ring
 
 
 def test_admits_below_budget_and_rejects_at_it():
@@ -71,7 +74,7 @@ def test_middleware_rejects_over_budget_with_openai_error_and_retry_after():
     async def run():
         engine = _Engine()
         counters = LoadCounters()
-        mw = IngressMiddleware(engine, AdmissionBudget(1), frozenset(), counters)
+        mw = IngressMiddleware(engine, AdmissionBudget(1), None, counters)
         first = asyncio.create_task(_call(mw, "/v1/completions"))
         while counters.in_flight == 0:
             await asyncio.sleep(0.01)
@@ -91,17 +94,37 @@ def test_middleware_rejects_over_budget_with_openai_error_and_retry_after():
     assert len(counters.first_byte_s) == 1
 
 
-@pytest.mark.parametrize(("header", "status"), [(None, 401), ("Bearer wrong", 401), ("Bearer k1", 200)])
-def test_api_key_checked_on_v1_only(header, status):
+_KEYS = "tenants: [{name: a, keys: [k1-0123456789abcdef, k2-0123456789abcdef]}]"
+_ADMIN = "admin-0123456789abcdef"
+
+
+@pytest.mark.parametrize(("path", "header", "status"), [
+    ("/v1/models", None, 401), ("/v1/models", "Bearer wrong-0123456789abcdef", 401),
+    ("/v1/models", "Bearer k1-0123456789abcdef", 200), ("/v1/models", f"Bearer {_ADMIN}", 401),
+    ("/metrics", None, 401), ("/metrics", "Bearer k1-0123456789abcdef", 403), ("/metrics", f"Bearer {_ADMIN}", 200),
+    ("/health", None, 200),
+])
+def test_middleware_authorizes_by_path_class(path, header, status):
+    ring = dataclasses.replace(parse_keys_file(_KEYS, "keys.yaml"), admin_digest=parse_admin_token(_ADMIN, "t"))
+
     async def run():
         engine = _Engine()
         engine.release.set()
-        mw = IngressMiddleware(engine, AdmissionBudget(8), frozenset({"k1", "k2"}), LoadCounters())
-        headers = {"authorization": header} if header else {}
-        return await _call(mw, "/v1/models", headers), await _call(mw, "/health")
+        mw = IngressMiddleware(engine, AdmissionBudget(8), ring, LoadCounters())
+        return await _call(mw, path, {"authorization": header} if header else {})
 
-    v1, health = asyncio.run(run())
-    assert v1[0] == status
-    if status == 401:
-        assert json.loads(v1[2])["error"]["code"] == "invalid_api_key"
-    assert health[0] == 200
+    got, _, body = asyncio.run(run())
+    assert got == status
+    if status != 200:
+        assert json.loads(body)["error"]["code"] in ("invalid_api_key", "invalid_admin_token", "admin_token_required")
+
+
+def test_load_key_ring_fails_closed_on_a_missing_file(tmp_path):
+    assert load_key_ring(None) is None
+    with pytest.raises(KeysFileError, match=r"keys file \(serve.auth.keys_file\) .*missing.yaml"):
+        load_key_ring(AuthSpec(keys_file=str(tmp_path / "missing.yaml")))
+    keys, token = tmp_path / "keys.yaml", tmp_path / "admin"
+    keys.write_text(_KEYS)
+    token.write_text(_ADMIN + "\n")
+    ring = load_key_ring(AuthSpec(keys_file=str(keys), admin_token_file=str(token)))
+    assert ring is not None and ring.admin_digest is not None and len(ring.keys) == 2

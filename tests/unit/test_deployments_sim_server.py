@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hbmserve.access.keys import parse_keys_file
 from hbmserve.capacity.hardware import load_catalog
 from hbmserve.capacity.perf_model import cost_model
 from hbmserve.capacity.scenario import scenario_for
@@ -327,11 +328,15 @@ def test_client_disconnect_mid_stream_frees_the_engine_slot():
 
 # ---- the server: real uvicorn on loopback, middleware, lifecycle ----
 
+KEY = "k1-0123456789abcdef"
+
+
 def test_server_waits_out_startup_then_serves_behind_the_ingress_middleware():
     speedup, startup_s = 50.0, 10.0
 
     async def go():
-        server = SimHttpServer(spec(speedup, startup_s), "127.0.0.1", 0, AdmissionBudget(8), frozenset({"k1"}))
+        server = SimHttpServer(spec(speedup, startup_s), "127.0.0.1", 0, AdmissionBudget(8),
+                               parse_keys_file(f"tenants: [{{name: t, keys: [{KEY}]}}]", "keys.yaml"))
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         url = await server.start()
@@ -340,7 +345,7 @@ def test_server_waits_out_startup_then_serves_behind_the_ingress_middleware():
             async with httpx.AsyncClient(base_url=url, timeout=10) as c:
                 unauth = await c.get("/v1/models")
                 health = await c.get("/health")
-                r = await c.post("/v1/completions", headers={"authorization": "Bearer k1"},
+                r = await c.post("/v1/completions", headers={"authorization": f"Bearer {KEY}"},
                                  json={"model": NAME, "prompt": "hi", "max_tokens": 3})
             return started_s, unauth.status_code, health.status_code, r.json(), server.healthy(), server.counters
         finally:
@@ -371,7 +376,7 @@ def test_standby_server_listens_only_when_resumed_and_pause_lets_streams_finish(
             return r.status_code, b"".join([chunk async for chunk in r.aiter_bytes()])
 
     async def go():
-        server = SimHttpServer(spec(speedup), "127.0.0.1", port, AdmissionBudget(8), frozenset())
+        server = SimHttpServer(spec(speedup), "127.0.0.1", port, AdmissionBudget(8), None)
         url = await server.start(listen=False)  # a hot standby: engine up, port not bound
         try:
             standby = (server.healthy(), server.listener.serving, server.listener.private_url)
@@ -415,7 +420,7 @@ def test_sim_engine_is_registered_without_cpu_or_gpu_reservation():
     from hbmserve.core.config import EngineKind, parse_cluster_spec
     from hbmserve.deployments.serve_app import ENGINE_SERVERS, actor_options, unsupported_engines
 
-    server = ENGINE_SERVERS[EngineKind.SIM](spec(), "127.0.0.1", 0, frozenset())
+    server = ENGINE_SERVERS[EngineKind.SIM](spec(), "127.0.0.1", 0, None)
     assert isinstance(server, SimHttpServer) and server.budget.max_in_flight == 8 * 4  # max_num_seqs x 4
     assert actor_options(spec()) == {"num_cpus": 0}
     ok = parse_cluster_spec({"models": [spec().model_dump()]})

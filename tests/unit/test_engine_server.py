@@ -78,7 +78,7 @@ def test_the_protocol_covers_what_the_replica_uses():
                          ids=["vllm", "sim"])
 def test_both_engine_servers_conform(cls, model):
     spec = model()
-    server = ENGINE_SERVERS[spec.engine](spec, "127.0.0.1", 0, frozenset())  # the factory the replica uses
+    server = ENGINE_SERVERS[spec.engine](spec, "127.0.0.1", 0, None)  # the factory the replica uses
     assert type(server) is cls
     assert mismatches(cls, server) == []
 
@@ -88,7 +88,7 @@ def test_every_registered_engine_builds_a_conforming_server():
     assert set(ENGINE_SERVERS) == set(factories)
     for kind, factory in ENGINE_SERVERS.items():
         spec = factories[kind]().model_copy(update={"engine": kind})
-        server = factory(spec, "127.0.0.1", 0, frozenset())
+        server = factory(spec, "127.0.0.1", 0, None)
         assert mismatches(type(server), server) == [], kind
 
 
@@ -159,7 +159,7 @@ import hbmserve.deployments.vllm_server, hbmserve.deployments.sim_server, hbmser
 from hbmserve.core.config import ModelSpec
 from hbmserve.deployments.serve_app import ENGINE_SERVERS
 spec = ModelSpec.model_validate({"name": "tiny", "source": "/models/tiny", "engine": "vllm-cpu"})
-ENGINE_SERVERS[spec.engine](spec, "127.0.0.1", 0, frozenset())
+ENGINE_SERVERS[spec.engine](spec, "127.0.0.1", 0, None)
 print(json.dumps({"s": time.perf_counter() - t,
                   "loaded": sorted(m for m in ("vllm", "torch", "ray", "uvicorn") if m in sys.modules)}))
 """
