@@ -60,7 +60,7 @@ _VLLM_ARGS_TYPED_ELSEWHERE = {
     "served_model_name": "the model's `name`",
     "host": "serve.http.host",
     "port": "serve.http.port",
-    "api_key": "serve.api_key_env",
+    "api_key": "serve.auth.keys_file",
 }
 _NOT_RUN_SERVER = ("only vLLM's own HTTP server reads it, and hbmserve does not run that server "
                    "(each replica serves vLLM's app on hbmserve's listener)")
@@ -291,12 +291,31 @@ class HttpSpec(_Strict):
     first_byte_timeout_s: Annotated[float, Field(gt=0)] = 600.0
 
 
+class AuthSpec(_Strict):
+    """Where the ingress reads API keys; files (a mounted Kubernetes Secret, say), so keys never
+    depend on the environment of whoever ran `ray start`. Formats: hbmserve.access.keys."""
+
+    # YAML: tenants: [{name, keys: [...], priority, requests_per_minute, tokens_per_minute}]
+    keys_file: Annotated[str, Field(min_length=1)]
+    # One line: the token for ops and admin paths (/metrics, /hbm/*, ...); unset = those are refused.
+    admin_token_file: Annotated[str, Field(min_length=1)] | None = None
+
+
 class ServeSpec(_Strict):
     http: HttpSpec = HttpSpec()
-    # Names of environment variables holding accepted API keys; empty means no auth.
-    api_key_env: str | None = None
+    # Unset: no auth, every path open. Set: every path but /health needs a key (fails closed).
+    auth: AuthSpec | None = None
     # Ray dashboard port for `hbmserve up`.
     dashboard_port: Annotated[int, Field(ge=1, le=65535)] = 8265
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_api_key_env(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "api_key_env" in data:
+            raise PydanticCustomError("removed_field", "api_key_env was removed: keys no longer come from "
+                                      "an environment variable. Put them in a keys file and name it in "
+                                      "serve.auth.keys_file (see hbmserve.access.keys for the format)")
+        return data
 
 
 class ClusterSpec(_Strict):
@@ -376,15 +395,19 @@ def load_cluster_spec(path: str | os.PathLike[str] | None = None) -> ClusterSpec
     except yaml.YAMLError as err:
         raise ConfigError(f"invalid config {source}: not valid YAML ({err})") from None
     spec = parse_cluster_spec(data, source)
-    return _resolve_topology(_resolve_sources(spec, base), base, source)
+    return _resolve_auth(_resolve_topology(_resolve_sources(spec, base), base, source), base)
+
+
+def _absolute(path: str, base: Path) -> Path:
+    p = Path(os.path.expanduser(path))
+    return p if p.is_absolute() else (base / p).resolve()
 
 
 def _resolve_sources(spec: ClusterSpec, base: Path) -> ClusterSpec:
     models = []
     for m in spec.models:
-        src = Path(os.path.expanduser(m.source))
         if m.source.startswith((".", "/", "~")):
-            m = m.model_copy(update={"source": str(src if src.is_absolute() else (base / src).resolve())})
+            m = m.model_copy(update={"source": str(_absolute(m.source, base))})
         models.append(m)
     return spec.model_copy(update={"models": models})
 
@@ -395,8 +418,19 @@ def _resolve_topology(spec: ClusterSpec, base: Path, source: str) -> ClusterSpec
     format belongs to placement, above this layer)."""
     if spec.topology is None:
         return spec
-    path = Path(os.path.expanduser(spec.topology))
-    path = path if path.is_absolute() else (base / path).resolve()
+    path = _absolute(spec.topology, base)
     if not path.is_file():
         raise ConfigError(f"invalid config {source}:\n  topology: no cluster file at {path}")
     return spec.model_copy(update={"topology": str(path)})
+
+
+def _resolve_auth(spec: ClusterSpec, base: Path) -> ClusterSpec:
+    """Make the auth files absolute, as `topology`. Their existence is not checked here: they are
+    read where the ingress runs (a Secret mounted there), which may not be this machine."""
+    auth = spec.serve.auth
+    if auth is None:
+        return spec
+    admin = auth.admin_token_file
+    auth = auth.model_copy(update={"keys_file": str(_absolute(auth.keys_file, base)),
+                                   "admin_token_file": None if admin is None else str(_absolute(admin, base))})
+    return spec.model_copy(update={"serve": spec.serve.model_copy(update={"auth": auth})})

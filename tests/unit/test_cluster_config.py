@@ -36,7 +36,7 @@ def test_every_documented_field_parses(tmp_path: Path):
     cfg.write_text(
         """
 name: prod
-serve: {http: {host: 0.0.0.0, port: 9000}, api_key_env: KEYS}
+serve: {http: {host: 0.0.0.0, port: 9000}, auth: {keys_file: keys.yaml, admin_token_file: /run/admin}}
 models:
   - name: llama-70b
     source: meta-llama/Llama-3.1-70B-Instruct
@@ -59,6 +59,9 @@ models:
     assert m.autoscaling is not None and m.autoscaling.max_replicas == 8
     # A hub id is not a path and stays as written.
     assert m.source == "meta-llama/Llama-3.1-70B-Instruct"
+    # Auth files resolve against the config's folder, as model sources do.
+    assert spec.serve.auth is not None and spec.serve.auth.keys_file == str((tmp_path / "keys.yaml").resolve())
+    assert spec.serve.auth.admin_token_file == "/run/admin"
 
 
 def test_relative_source_resolves_against_config_folder(tmp_path: Path):

@@ -85,7 +85,7 @@ def test_the_map_survives_the_trip_to_the_replica():
     ("served_model_name", ["`name`"]),
     ("model", ["`source`"]),
     ("port", ["serve.http.port"]),
-    ("api_key", ["serve.api_key_env"]),
+    ("api_key", ["serve.auth.keys_file"]),
     ("distributed_executor_backend", ["engine and parallelism"]),
     ("data_parallel_size", ["one engine per replica", "replicas"]),
     ("disable_log_stats", ["engine statistics"]),

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: dict[str, int] = {
     "core": 0,  # config schema and shared types; imports nothing of hbmserve
-    "capacity": 1, "placement": 1, "autoscale": 1, "routing": 1,  # brains, pure
+    "capacity": 1, "placement": 1, "autoscale": 1, "routing": 1, "access": 1,  # brains, pure
     "sim": 2, "deployments": 2,  # the two drivers of the brains: simulator and Ray Serve
     "cluster": 3,  # the Ray driver: local head, deploy, status
     "ops": 4,  # benchmarks, metrics, dashboard

@@ -1,0 +1,112 @@
+"""Per-tenant rate limits as token buckets. Pure: time comes in as `now` (monotonic seconds).
+
+A bucket holds at most one minute's worth (capacity = the per-minute limit) and refills
+continuously at capacity / 60 per second: a quiet tenant may burst a whole minute's allowance
+at once, a busy one gets the steady rate, and over any window of `w` seconds no more than
+`capacity + capacity * w / 60` is let through. Each tenant has two buckets: requests (each
+request costs 1) and tokens (a request costs its estimate, `estimated_tokens`). A request goes
+through only if both can pay; a refused request pays neither, so retrying costs nothing.
+
+Three outcomes, because they need different answers:
+* `Allowed`: go on.
+* `Limited`: 429 with Retry-After; retrying after `retry_after_s` succeeds if the tenant sends
+  nothing else meanwhile (the wait is rounded up to whole seconds, as Retry-After is).
+* `TooLarge`: the request alone costs more than a whole minute's allowance. No wait would
+  admit it, so it gets no Retry-After; the client must ask for less (max_tokens, n).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from hbmserve.access.keys import Tenant
+
+# Float slack when comparing a cost with a bucket's level, relative to the capacity: a wait
+# computed as (cost - level) / rate must admit the retry even after rounding.
+_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class Bucket:
+    tokens: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class Allowed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Limited:
+    reason: str
+    retry_after_s: int  # >= 1
+
+
+@dataclass(frozen=True)
+class TooLarge:
+    reason: str
+
+
+Decision = Allowed | Limited | TooLarge
+
+
+def estimated_tokens(prompt_tokens: int, max_tokens: int, n: int = 1) -> int:
+    """What a request is charged against tokens_per_minute, before it runs: the most it may use."""
+    return prompt_tokens + max_tokens * n
+
+
+def level(bucket: Bucket | None, capacity_per_minute: int, now: float) -> float:
+    """How much `bucket` holds at `now`; None is a bucket never drawn from, so full."""
+    if bucket is None:
+        return float(capacity_per_minute)
+    elapsed = max(0.0, now - bucket.updated_at)  # a clock read out of order refills nothing
+    return min(float(capacity_per_minute), bucket.tokens + elapsed * capacity_per_minute / 60)
+
+
+def take(bucket: Bucket | None, capacity_per_minute: int | None, cost: float, now: float,
+         *, what: str = "tokens") -> tuple[Decision, Bucket | None]:
+    """Draw `cost` from `bucket` at `now`. A refusal returns `bucket` unchanged (charges nothing).
+    `capacity_per_minute` None is no limit; `what` names the unit in the reason."""
+    if capacity_per_minute is None:
+        return Allowed(f"no {what} limit"), bucket
+    cap = capacity_per_minute
+    if cost > cap:
+        return TooLarge(f"Request too large: it needs {cost:g} {what} and the limit is {cap} {what} per "
+                        f"minute, so it can never be admitted; ask for fewer."), bucket
+    have = level(bucket, cap, now)
+    if cost <= have + cap * _SLACK:
+        updated_at = now if bucket is None else max(now, bucket.updated_at)
+        return Allowed(f"{cost:g} of {have:.0f} {what} left"), Bucket(max(0.0, have - cost), updated_at)
+    retry_after_s = max(1, math.ceil((cost - have) * 60 / cap))
+    return Limited(f"Rate limit reached for {what} per minute: limit {cap}, available {math.floor(have)}, "
+                   f"requested {cost:g}. Please try again in {retry_after_s}s.", retry_after_s), bucket
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    """One tenant's two buckets. Build it with `TenantLimits.of(tenant)`; `take` returns the
+    decision and the state to keep (unchanged when refused)."""
+
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    requests: Bucket | None = None  # None: not drawn from yet (full)
+    tokens: Bucket | None = None
+
+    @classmethod
+    def of(cls, tenant: Tenant) -> TenantLimits:
+        return cls(tenant.requests_per_minute, tenant.tokens_per_minute)
+
+    def take(self, tokens: int, now: float) -> tuple[Decision, TenantLimits]:
+        """Admit one request estimated at `tokens` (estimated_tokens) at `now`, or refuse it."""
+        by_requests, requests = take(self.requests, self.requests_per_minute, 1, now, what="requests")
+        by_tokens, tokens_bucket = take(self.tokens, self.tokens_per_minute, tokens, now, what="tokens")
+        refusals = [d for d in (by_requests, by_tokens) if not isinstance(d, Allowed)]
+        if not refusals:
+            return Allowed(f"{by_requests.reason}; {by_tokens.reason}"), replace(
+                self, requests=requests, tokens=tokens_bucket)
+        too_large = [d for d in refusals if isinstance(d, TooLarge)]
+        if too_large:  # no wait helps, whatever the other bucket says
+            return too_large[0], self
+        return max(refusals, key=lambda d: d.retry_after_s), self
