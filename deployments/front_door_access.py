@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hbmserve.access.authorize import Denied, authorize
 from hbmserve.access.keys import KeyRing, KeysFileError, Tenant, parse_admin_token, parse_keys_file
-from hbmserve.access.limits import Allowed, TenantLimits, estimated_tokens
+from hbmserve.access.limits import Allowed, Limited, TenantLimits, estimated_tokens
 from hbmserve.core.config import AuthSpec
 
 
@@ -79,7 +79,9 @@ class AccessGuard:
         return Credential(decision.tenant)
 
     def charge(self, credential: Credential, prompt_tokens: int, max_tokens: int, n: int) -> Refusal | None:
-        """Draw one request and its estimated tokens from the tenant's buckets, or refuse (429)."""
+        """Draw one request and its estimated tokens from the tenant's buckets, or refuse: 429 with
+        Retry-After when the tenant is over its rate, 400 when the request alone exceeds a
+        minute's allowance (no wait would help)."""
         tenant = credential.tenant
         if tenant is None or (tenant.requests_per_minute is None and tenant.tokens_per_minute is None):
             return None
@@ -88,6 +90,6 @@ class AccessGuard:
                                                           self._clock())
         if isinstance(decision, Allowed):
             return None
-        retry = getattr(decision, "retry_after_s", None)
-        return Refusal(429, decision.reason, "rate_limit_error",
-                       "rate_limit_exceeded" if retry else "request_too_large", retry)
+        if isinstance(decision, Limited):
+            return Refusal(429, decision.reason, "rate_limit_error", "rate_limit_exceeded", decision.retry_after_s)
+        return Refusal(400, decision.reason, "invalid_request_error", "request_too_large")

@@ -75,8 +75,10 @@ def test_status_json_keeps_its_shape(cli):
                       "standby_replicas": ["r-b"], "held_at_ingress": 0,
                       "startup_s": {"hot": 1.0, "warm": 3.2, "cold": 9.0}, "reason": "steady; 1 hot standby",
                       "serve_target": 2},
-        "traffic": [{"model": "sleepy", "accepted": 3, "rejected": 1, "in_flight": 2, "queued": 1, "routable": 1},
-                    {"model": "sleepy", "accepted": 4, "rejected": 0, "in_flight": 0, "queued": 0, "routable": 1}]}]}
+        "traffic": [{"model": "sleepy", "accepted": 3, "rejected": 1, "in_flight": 2, "queued": 1, "routable": 1,
+                     "retried": 0},
+                    {"model": "sleepy", "accepted": 4, "rejected": 0, "in_flight": 0, "queued": 0, "routable": 1,
+                     "retried": 0}]}]}
 
 
 def test_status_json_reads_back_into_the_same_records(cli):
