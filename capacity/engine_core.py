@@ -48,6 +48,11 @@ class EngineCore:
         self.busy_s = 0.0
         self.tokens_processed = 0
         self.max_used_blocks = 0
+        # Prompt tokens of accepted requests, and those of them read from the prefix cache
+        # instead of computed (vLLM's prefix_cache_queries / prefix_cache_hits, counted once per
+        # request: a preempted request recomputes without a cache lookup).
+        self.prompt_tokens = 0
+        self.prefix_hit_tokens = 0
 
     # ---- state ----
     def has_work(self) -> bool:
@@ -99,6 +104,7 @@ class EngineCore:
         if req.prompt + req.max_tokens > self.cfg.max_model_len:
             return False
         self.waiting.append(req)
+        self.prompt_tokens += req.prompt
         return True
 
     def abort(self, rid: int) -> SimRequest | None:
@@ -271,6 +277,7 @@ class EngineCore:
             self.cache.acquire(hs)
             r.held = hs
         r.hashed_tokens, r.computed = hashed, computed
+        self.prefix_hit_tokens += computed
         self._ensure_free(own)
         r.own_blocks = own
         self._prefill_blocks += own

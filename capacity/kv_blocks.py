@@ -4,12 +4,15 @@ A trace's `hash_ids` name consecutive prompt blocks of `hash_block_tokens` token
 traces use 512). A cached hash holds `blocks_per_hash` KV blocks. Entries referenced by running
 requests are pinned; unreferenced ones stay cached (and count as free to the allocator) until the
 allocator needs their blocks, then they are evicted least-recently-used first, as in vLLM.
+A request releases its hashes last block first, so among equally old entries the tail of a
+prefix goes before its head (vLLM frees blocks in reverse for the same reason): the cached set
+stays prefix-closed for chained hashes, which the router's binary search relies on.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import KeysView, Sequence
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -23,6 +26,11 @@ class PrefixCache:
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced entries, oldest first
         self.hits = 0
         self.lookups = 0
+
+    @property
+    def cached(self) -> KeysView[int]:
+        """The cached hashes, a live read-only view (the router's `cached_prefixes`)."""
+        return self._refs.keys()
 
     @property
     def total_blocks(self) -> int:
@@ -65,7 +73,7 @@ class PrefixCache:
         return hits
 
     def release(self, hashes: Sequence[int]) -> None:
-        for h in hashes:
+        for h in reversed(hashes):
             refs = self._refs[h] - 1
             self._refs[h] = refs
             if refs == 0:

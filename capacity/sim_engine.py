@@ -3,7 +3,10 @@ the performance model predicts, on asyncio, with no Ray and no model.
 
 It runs the same scheduler as the simulator (`EngineCore`), one step at a time, sleeping each
 step's modelled duration divided by `speedup`. Token *indices* are streamed (0, 1, 2, ...); the
-caller turns them into text. Stats have vLLM's shape: waiting, running, KV usage and recent TTFTs.
+caller turns them into text. Stats have vLLM's shape: waiting, running, KV usage, recent TTFTs,
+and the prefix-cache counters (prompt tokens, of which read from cache). With prefix caching on,
+the caller passes each prompt's block hashes (routing/prefix.py) and the engine's cache hits are
+real: a request that shares blocks with an earlier one skips their prefill.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class EngineStats:
     num_finished: int
     ready: bool
     speedup: float  # virtual seconds per wall second (modelled TTFT = wall TTFT * speedup)
+    prompt_tokens: int = 0  # of accepted requests (vLLM's prefix_cache_queries)
+    prefix_hit_tokens: int = 0  # of those, read from the prefix cache (vLLM's prefix_cache_hits)
 
 
 class SimEngine:
@@ -83,13 +88,15 @@ class SimEngine:
         return asyncio.get_running_loop().time() - self._t0
 
     # ---- requests ----
-    async def generate(self, request_id: str, prompt_token_count: int, max_tokens: int) -> AsyncIterator[int]:
-        """Yield output token indices 0..max_tokens-1 as the virtual GPU produces them."""
+    async def generate(self, request_id: str, prompt_token_count: int, max_tokens: int,
+                       prefix_hashes: tuple[int, ...] = ()) -> AsyncIterator[int]:
+        """Yield output token indices 0..max_tokens-1 as the virtual GPU produces them.
+        `prefix_hashes`: the prompt's block hashes, each naming `hash_block_tokens` tokens."""
         self.start()
         if request_id in self._names:
             raise ValueError(f"request id {request_id!r} is already running")
         rid = next(self._ids)
-        req = SimRequest(rid, self._wall() * self.speedup, prompt_token_count, max_tokens)
+        req = SimRequest(rid, self._wall() * self.speedup, prompt_token_count, max_tokens, prefix_hashes)
         if not self.core.add(req):
             raise RequestRejected(
                 f"prompt ({prompt_token_count}) + max_tokens ({max_tokens}) exceeds max_model_len "
@@ -131,7 +138,7 @@ class SimEngine:
             waiting=self.core.num_waiting, running=self.core.num_running, kv_usage=self.core.kv_usage(),
             ttft_samples_s=tuple(s for _, s in self._ttfts), num_preemptions=self.core.preemptions,
             num_finished=self._finished, ready=self._ready is not None and self._ready.is_set(),
-            speedup=self.speedup)
+            speedup=self.speedup, prompt_tokens=self.core.prompt_tokens, prefix_hit_tokens=self.core.prefix_hit_tokens)
 
     # ---- the step loop ----
     async def _run(self) -> None:

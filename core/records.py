@@ -202,6 +202,8 @@ class LoadReport(Record):
     in_flight: int  # admitted by the replica and not finished
     accepted: int
     rejected: int
+    prompt_tokens: int = 0  # since start, looked up in the prefix cache
+    prefix_hit_tokens: int = 0  # of those, found there
 
 
 @dataclass(frozen=True, kw_only=True)

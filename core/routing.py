@@ -16,7 +16,8 @@ class ReplicaLoad:
     waiting: int = 0
     running: int = 0
     kv_usage: float = 0.0
-    # Prefix hashes this replica holds in its prefix cache (read only; may be a live set view).
+    # Prefix block hashes (routing/prefix.py) this replica holds in its prefix cache, read only;
+    # may be a live view of the engine's cache, or what the caller routed there recently.
     cached_prefixes: Set[int] = field(default_factory=frozenset)
 
 
@@ -24,7 +25,12 @@ class ReplicaLoad:
 class RouteRequest:
     prompt_tokens: int
     max_tokens: int
-    prefix_hash: int | None = None
+    # Chained block hashes of the prompt, first block first (routing/prefix.py): hash i equal
+    # means blocks 0..i equal. Empty: no affinity.
+    prefix_hashes: tuple[int, ...] = ()
+    # The caller's request counter (0, 1, 2, ...): round robin takes it modulo the replicas, and
+    # the randomised picks (power of two) mix it into a pseudo-random draw, so a run is replayable.
+    salt: int = 0
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,7 @@ class FrontDoorApp:
         self.info_of = None  # () -> IngressInfo as plain data; set by the front door
         self.openapi = openapi_document(spec)
         self.retried: dict[str, int] = {}  # model -> requests retried on another replica
+        self._requests = 0
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -200,7 +201,9 @@ class FrontDoorApp:
             await _send_refusal(send, ticket)
             return
         try:
-            route = RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=prompt_block_hashes(text))
+            self._requests += 1  # the salt of choose's power-of-two draw: spreads ties, reproducibly
+            route = RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=prompt_block_hashes(text),
+                                 salt=self._requests)
             await self._route_and_relay(scope, send, model.name, raw, route)
         finally:
             gate.leave(ticket)

@@ -26,6 +26,10 @@ class EngineLoad:
     waiting: int
     running: int
     kv_usage: float  # 0..1
+    # Counters since start: prompt tokens looked up in the prefix cache, and those found there
+    # (vLLM's prefix_cache_queries and prefix_cache_hits); hit rate = hits / prompt tokens.
+    prompt_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
 
 class AsgiListener:

@@ -109,7 +109,8 @@ class ReplicaMiddleware:
     def _load_report(self) -> LoadReport:
         load, c = self.engine_stats(), self.counters
         return LoadReport(waiting=load.waiting, running=load.running, kv_usage=load.kv_usage,
-                          in_flight=c.in_flight, accepted=c.accepted, rejected=c.rejected)
+                          in_flight=c.in_flight, accepted=c.accepted, rejected=c.rejected,
+                          prompt_tokens=load.prompt_tokens, prefix_hit_tokens=load.prefix_hit_tokens)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] == "/health":

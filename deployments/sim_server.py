@@ -7,6 +7,12 @@ performance model predicts for `sim.gpu` running `sim.model_config_name` at the 
 `sim.speedup` times faster, so the real Serve control plane can run tens of "70B on H100"
 replicas on two cores. What the protocol estimates (prompt tokens, reply text) is in
 sim_protocol.py.
+
+With `engine_settings.enable_prefix_caching`, each text prompt is cut into block hashes the way
+the ingress cuts it (routing/prefix.py: chat messages rendered by `chat_prompt_text`, 64
+characters a block, so one hash names 64 / BYTES_PER_TOKEN = 16 estimated tokens), and the
+engine's prefix cache hits are real; `engine_stats()` reports prompt tokens and cache hits.
+Prompts given as token ids are not hashed.
 """
 
 from __future__ import annotations
@@ -16,14 +22,16 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from hbmserve.core.config import ModelSpec
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.replica_middleware import LoadCounters, ReplicaMiddleware
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
-from hbmserve.deployments.sim_protocol import (ChatRequest, CompletionRequest, GenerationPlan, Rejection,
-                                               chat_prompt, completion_prompt, error_body, filler_text,
+from hbmserve.deployments.sim_protocol import (BYTES_PER_TOKEN, ChatRequest, CompletionRequest, GenerationPlan,
+                                               Rejection, chat_prompt, completion_prompt, error_body, filler_text,
                                                plan_generation, token_text, usage)
+from hbmserve.routing.prefix import DEFAULT_BLOCK_CHARS, chat_prompt_text, prompt_block_hashes
 
 log = logging.getLogger("hbmserve.replica")
 
@@ -71,6 +79,15 @@ class _Reply:
             body = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
                                                        "finish_reason": self.plan.finish_reason}])
         return body | {"usage": usage(self.plan, n)}
+
+
+def prefix_hashes(req: CompletionRequest | ChatRequest, hash_block_tokens: int) -> tuple[int, ...]:
+    """The prompt's block hashes, in blocks of the engine's `hash_block_tokens` (estimated tokens)."""
+    block_chars = hash_block_tokens * BYTES_PER_TOKEN
+    if isinstance(req, ChatRequest):
+        return prompt_block_hashes(chat_prompt_text([m.model_dump() for m in req.messages]), block_chars)
+    prompt = req.prompt[0] if isinstance(req.prompt, list) and len(req.prompt) == 1 else req.prompt
+    return prompt_block_hashes(prompt, block_chars) if isinstance(prompt, str) else ()
 
 
 def build_sim_openai_app(engine, model_name: str, max_model_len: int):
@@ -126,7 +143,9 @@ def build_sim_openai_app(engine, model_name: str, max_model_len: int):
         if isinstance(plan, Rejection):
             raise OpenAIError(400, plan.message, plan.param)
         reply = _Reply(chat, model_name, plan)
-        tokens = engine.generate(reply.id, plan.prompt_tokens, plan.output_tokens)
+        cfg = engine.core.cfg
+        hashes = prefix_hashes(req, cfg.hash_block_tokens) if cfg.enable_prefix_caching else ()
+        tokens = engine.generate(reply.id, plan.prompt_tokens, plan.output_tokens, hashes)
         # Wait for the first token before answering: errors then become 4xx/5xx, and the first
         # body byte (the ingress middleware's TTFT sample) is the first token, as with vLLM.
         try:
@@ -199,7 +218,9 @@ class SimHttpServer:
         from hbmserve.capacity.sim_engine import SimEngine
 
         sc = scenario_for(self.model, load_catalog())
-        self.engine = SimEngine(sc.deployment, sc.engine, speedup=self.model.sim.speedup,
+        # One hash per ingress block (64 characters, about 16 tokens), so cache hits line up.
+        engine_cfg = replace(sc.engine, hash_block_tokens=DEFAULT_BLOCK_CHARS // BYTES_PER_TOKEN)
+        self.engine = SimEngine(sc.deployment, engine_cfg, speedup=self.model.sim.speedup,
                                 startup_s=self.model.sim.startup_s)
         # The start-up delay passes before the port is bound: a replica still "loading weights"
         # must not be announced to the front door.
@@ -224,7 +245,8 @@ class SimHttpServer:
         if self.engine is None:
             return EngineLoad(waiting=0, running=0, kv_usage=0.0)
         s = self.engine.stats()
-        return EngineLoad(waiting=s.waiting, running=s.running, kv_usage=s.kv_usage)
+        return EngineLoad(waiting=s.waiting, running=s.running, kv_usage=s.kv_usage,
+                          prompt_tokens=s.prompt_tokens, prefix_hit_tokens=s.prefix_hit_tokens)
 
     def healthy(self) -> bool:
         return self.listener.serving and self.engine is not None and self.engine.stats().ready

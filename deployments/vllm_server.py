@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from contextlib import AsyncExitStack
 
 from hbmserve.routing.admission import AdmissionBudget
@@ -66,18 +67,28 @@ class VLLMHttpServer:
         await self._stack.aclose()
 
     def engine_stats(self) -> EngineLoad:
-        """The engine's own queue and KV gauges, read from vLLM's in-process Prometheus registry."""
+        """The engine's own queue, KV and prefix-cache figures, read from vLLM's in-process
+        Prometheus registry."""
         from prometheus_client import REGISTRY
 
-        wanted = {"vllm:num_requests_waiting": 0.0, "vllm:num_requests_running": 0.0, "vllm:kv_cache_usage_perc": 0.0}
-        for metric in REGISTRY.collect():
-            for sample in metric.samples:
-                if sample.name in wanted:
-                    wanted[sample.name] += sample.value
-        return EngineLoad(waiting=int(wanted["vllm:num_requests_waiting"]),
-                          running=int(wanted["vllm:num_requests_running"]),
-                          kv_usage=wanted["vllm:kv_cache_usage_perc"])
+        return engine_load((sample.name, sample.value) for metric in REGISTRY.collect() for sample in metric.samples)
 
     def healthy(self) -> bool:
         return self.listener.serving and not getattr(self.engine_client, "errored", False)
 
+
+# vLLM's metric (sample) names, in EngineLoad's field order; counters carry prometheus_client's
+# `_total` suffix.
+_LOAD_SAMPLES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def engine_load(samples: Iterable[tuple[str, float]]) -> EngineLoad:
+    """Sum each figure over its samples (one per engine when vLLM runs data-parallel)."""
+    got = dict.fromkeys(_LOAD_SAMPLES, 0.0)
+    for name, value in samples:
+        if name in got:
+            got[name] += value
+    waiting, running, kv, queries, hits = got.values()
+    return EngineLoad(waiting=int(waiting), running=int(running), kv_usage=kv,
+                      prompt_tokens=int(queries), prefix_hit_tokens=int(hits))

@@ -1,54 +1,117 @@
 """The request router as a pure function: rank replicas for one request.
 
-The simulator (sim/cluster_sim.py) calls `choose` with loads from its simulated engines. Live
-traffic does not go through it yet: replicas of a model share one port and the kernel spreads
-connections (SO_REUSEPORT); the front-door ingress is where the live system will call it. Only
-ACTIVE replicas are eligible; STARTING, STANDBY and DRAINING ones never receive new requests.
+Both drivers call `choose`: the simulator (sim/cluster_sim.py) with loads read from its engines,
+the live ingress with the replicas' own stats. Only ACTIVE replicas are eligible; STARTING,
+STANDBY and DRAINING ones never receive new requests.
 
-Ranking is least-loaded by (waiting, running, kv_usage). When the request carries a prefix hash
-and some replica has that prefix cached, the least-loaded such replica goes first, unless its
-queue is more than `affinity_slack` requests longer than the least-loaded replica's: a cache hit
-saves one prefill, a long queue costs every request in it.
+The rule, in three steps:
+1. Load. Replicas are ordered by (waiting, running, kv_usage): a queued request delays a first
+   token more than a running one. The candidates are the replicas whose requests (waiting +
+   running: Ray Serve's queue length, SGLang's router's load) are at most `affinity_slack`
+   above the fewest: a cache hit saves one prefill, an overloaded replica costs every request
+   in it. 32 (SGLang's router balances past 32-64) did best of 8-64 on the prefix-heavy trace
+   (ops/bench/prefix_routing.py); a slack on the queue alone (waiting, as before) did worse,
+   because a replica holding a popular system prompt fills its batch long before it queues.
+2. Prefix affinity. Among the candidates, the one holding the longest leading run of the
+   request's block hashes (routing/prefix.py) wins; among equals, the least loaded. A session's
+   later turns go where its conversation is cached; a first turn goes to the least loaded
+   replica holding its system prompt.
+3. Power-of-two fallback. When no candidate holds any prefix and there are more than two, take
+   two at random and the less loaded wins (Mitzenmacher's power of two choices). Strictly
+   least-loaded is better with fresh stats, but the live ingress sees replica stats every
+   ~100 ms and every request between two updates sees the same snapshot: least-loaded sends
+   all of them to one replica (measured: its TTFT p95 1.6-1.9x with stats up to 0.1 s old).
+   Two random choices spread them and still never pick the most loaded. The "random" draw
+   mixes `request.salt` (the caller's request counter), so a run replays. Step 2 does not
+   randomise: its pool is rarely more than one or two replicas (a system prompt stays where it
+   was first sent until the slack spills it), and randomising it measured no different.
+   Where the fallback loses (to round robin, on traffic without shared prefixes) is in
+   docs/benchmarks.md.
+
+The ranking is the pick first, then every other eligible replica least loaded first: the caller
+falls back down the list when the first refuses.
+
+Matching assumes a replica's cached set is prefix-closed (if it holds hash i it holds hashes
+0..i-1), as chained hashes in an LRU that evicts tail blocks first are; so the longest match is
+found by binary search, O(log blocks) set lookups per replica.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence, Set
 
 from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest
 from hbmserve.core.scaling import ReplicaState
 
-DEFAULT_AFFINITY_SLACK = 4
+DEFAULT_AFFINITY_SLACK = 32
+_M64 = (1 << 64) - 1
 
 
-def _load_key(r: ReplicaLoad) -> tuple[int, int, float, str]:
+def load_key(r: ReplicaLoad) -> tuple[int, int, float, str]:
     return (r.waiting, r.running, r.kv_usage, r.replica_id)
+
+
+def ongoing(r: ReplicaLoad) -> int:
+    """Requests in the replica (Ray Serve's queue length, SGLang's load)."""
+    return r.waiting + r.running
+
+
+def active_by_load(replicas: Iterable[ReplicaLoad]) -> list[ReplicaLoad]:
+    return sorted((r for r in replicas if r.state is ReplicaState.ACTIVE), key=load_key)
+
+
+def matched_blocks(hashes: Sequence[int], cached: Set[int]) -> int:
+    """Length of the leading run of `hashes` in the prefix-closed set `cached`."""
+    lo, hi = 0, len(hashes)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hashes[mid - 1] in cached:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def mix(salt: int) -> int:
+    """splitmix64: a request counter to 64 well-mixed bits (consecutive counters look unrelated)."""
+    z = (salt + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def two_choices(n: int, salt: int) -> tuple[int, int]:
+    """Two distinct indices in range(n), n >= 2, uniform over pairs for a uniform mix."""
+    r = mix(salt)
+    i = r % n
+    return i, (i + 1 + (r >> 32) % (n - 1)) % n
 
 
 def choose(replicas: Iterable[ReplicaLoad], request: RouteRequest,
            affinity_slack: int = DEFAULT_AFFINITY_SLACK) -> RouteDecision:
-    eligible = sorted((r for r in replicas if r.state is ReplicaState.ACTIVE), key=_load_key)
-    if not eligible:
+    by_load = active_by_load(replicas)
+    if not by_load:
         return RouteDecision((), "no active replica")
-    best = eligible[0]
-    if request.prefix_hash is not None:
-        holders = [r for r in eligible if request.prefix_hash in r.cached_prefixes]
-        if holders and holders[0] is not best:
-            h = holders[0]
-            if h.waiting <= best.waiting + affinity_slack:
-                rest = tuple(r.replica_id for r in eligible if r is not h)
-                return RouteDecision(
-                    (h.replica_id, *rest),
-                    f"prefix affinity: {h.replica_id} has the prefix cached "
-                    f"(waiting {h.waiting} vs least-loaded {best.waiting})")
-            return RouteDecision(
-                tuple(r.replica_id for r in eligible),
-                f"least loaded: {best.replica_id}; prefix holder {h.replica_id} queue too long "
-                f"({h.waiting} > {best.waiting} + {affinity_slack})")
-        if holders:
-            return RouteDecision(tuple(r.replica_id for r in eligible),
-                                 f"least loaded and prefix cached: {best.replica_id}")
-    return RouteDecision(
-        tuple(r.replica_id for r in eligible),
-        f"least loaded: {best.replica_id} (waiting {best.waiting}, running {best.running}, "
-        f"kv {best.kv_usage:.0%})")
+    hashes = request.prefix_hashes
+    floor = min(ongoing(r) for r in by_load)
+    near = [r for r in by_load if ongoing(r) <= floor + affinity_slack]
+    matched = [matched_blocks(hashes, r.cached_prefixes) for r in near]
+    best = max(matched)
+    pool = [r for r, m in zip(near, matched) if m == best]  # still least loaded first
+    if best:
+        pick = pool[0]
+        why = (f"prefix affinity: {pick.replica_id} holds {best}/{len(hashes)} prefix blocks"
+               + (f", least loaded of the {len(pool)} that do" if len(pool) > 1 else ""))
+    elif len(pool) <= 2:
+        pick = pool[0]
+        why = f"least loaded, no prefix cached: {pick.replica_id}"
+    else:
+        i, j = two_choices(len(pool), request.salt)
+        pick = pool[min(i, j)]
+        why = f"two choices, no prefix cached: {pick.replica_id} over {pool[max(i, j)].replica_id}"
+    far = [r.replica_id for r in by_load if ongoing(r) > floor + affinity_slack
+           and matched_blocks(hashes, r.cached_prefixes) > best]
+    if far:
+        why += f"; longer prefix on {', '.join(far)} skipped: over {affinity_slack} requests more than {floor}"
+    return RouteDecision((pick.replica_id, *(r.replica_id for r in by_load if r is not pick)),
+                         f"{why} (waiting {pick.waiting}, running {pick.running}, kv {pick.kv_usage:.0%})")

@@ -1,7 +1,10 @@
 """The cluster simulator: replicas of one engine behind a router, an optional scaling policy,
 and a trace of arrivals, all on a virtual clock.
 
-The router is `hbmserve.routing.choose.choose` unless another is passed; the policy is any
+The router is `hbmserve.routing.choose.choose` unless another is passed. It sees each engine's
+queue, KV usage and prefix cache as of now, or, with `stats_interval_s` > 0, the queues and KV
+usage as of the last refresh at most that long ago, as the live ingress does (it polls replica
+stats); the cached-prefix sets stay live either way. The policy is any
 callable `policy(snapshot, state) -> (ScaleDecision, state)` - the very function the live
 autoscaler calls (bind its config with functools.partial). Without a policy the replica count
 stays fixed.
@@ -67,7 +70,7 @@ class SimCluster:
 
 class _Replica:
     __slots__ = ("rid", "seq", "state", "tier", "engine", "created", "ready_at", "removed", "plan",
-                 "plan_start", "epoch", "prefixes")
+                 "plan_start", "epoch")
 
     def __init__(self, seq: int, state: ReplicaState, engine: EngineCore, now: float, ready_at: float,
                  tier: Tier | None = None) -> None:
@@ -78,13 +81,15 @@ class _Replica:
         self.plan: Plan | None = None
         self.plan_start = 0.0
         self.epoch = 0
-        self.prefixes: set[int] = set()
 
 
 class _Run:
     def __init__(self, spec: SimCluster, arrivals: Arrivals, policy: PolicyBinding | None,
-                 router: Router, sample_s: float, max_drain_s: float) -> None:
+                 router: Router, sample_s: float, max_drain_s: float, stats_interval_s: float = 0.0) -> None:
         self.spec, self.arr, self.pb, self.router = spec, arrivals, policy, router
+        self.stats_interval_s = stats_interval_s
+        self.loads: list[ReplicaLoad] = []
+        self.loads_at = -math.inf
         self.cost: StepCostModel = cost_model(spec.deployment)
         self.overhead = spec.deployment.gpu.overheads.request_s
         self.sample_s, self.max_drain_s = sample_s, max_drain_s
@@ -140,20 +145,17 @@ class _Run:
         if not self.active:
             self.pending.append(req)
             return
-        ph = req.hashes[0] if req.hashes else None
         if len(self.active) == 1:
             rep = self.active[0]
         else:
-            loads = [ReplicaLoad(r.rid, r.state, r.engine.num_waiting, r.engine.num_running,
-                                 r.engine.kv_usage(), r.prefixes) for r in self.active]
-            best = self.router(loads, RouteRequest(req.prompt, req.max_tokens, ph)).ranked[0]
+            loads = self.router_view(now)
+            ask = RouteRequest(req.prompt, req.max_tokens, prefix_hashes=req.hashes, salt=req.rid)
+            best = self.router(loads, ask).ranked[0]
             rep = next(r for r in self.active if r.rid == best)
         if not rep.engine.add(req):
             self.rejected += 1
             self.inflight -= 1
             return
-        if ph is not None:
-            rep.prefixes.add(ph)
         if rep.plan is None:
             self.start(rep, now)
         elif rep.plan.steps > 1:
@@ -163,6 +165,17 @@ class _Run:
                 p.durations, p.cumulative = p.durations[:need], p.cumulative[:need]
                 rep.epoch += 1
                 self.push(rep.plan_start + float(p.cumulative[-1]), _STEP, rep, rep.epoch)
+
+    def router_view(self, now: float) -> list[ReplicaLoad]:
+        if (now < self.loads_at + self.stats_interval_s
+                and [x.replica_id for x in self.loads] == [r.rid for r in self.active]):
+            return self.loads
+        # What each engine's prefix cache holds (a live view), not what was routed there:
+        # evictions show, and a replica without prefix caching offers no affinity.
+        self.loads = [ReplicaLoad(r.rid, r.state, r.engine.num_waiting, r.engine.num_running, r.engine.kv_usage(),
+                                  r.engine.cache.cached if r.engine.cache else frozenset()) for r in self.active]
+        self.loads_at = now
+        return self.loads
 
     def start(self, rep: _Replica, now: float) -> None:
         plan = rep.engine.plan()
@@ -344,9 +357,10 @@ class _Run:
 
 
 def simulate(spec: SimCluster, arrivals: Arrivals, policy: PolicyBinding | None = None,
-             router: Router = choose, sample_s: float = 1.0, max_drain_s: float = 3600.0) -> SimResult:
+             router: Router = choose, sample_s: float = 1.0, max_drain_s: float = 3600.0,
+             stats_interval_s: float = 0.0) -> SimResult:
     """Replay `arrivals` through the cluster; pure apart from CPU time (no I/O, no wall clock)."""
-    run = _Run(spec, arrivals, policy, router, sample_s, max_drain_s)
+    run = _Run(spec, arrivals, policy, router, sample_s, max_drain_s, stats_interval_s)
     end = run.run()
     return _result(run, end)
 
@@ -371,7 +385,9 @@ def _result(run: _Run, end: float) -> SimResult:
         arrival=arrival, first=first, finish=finish, output=output, total_requests=len(run.arr),
         rejected=run.rejected, itl_values=itl_v, itl_weights=itl_w, preemptions=preempt,
         gpu_seconds=rep_s * gpus, usd_per_gpu_hour=price, makespan_s=max(end, 1e-9),
-        replica_seconds=rep_s, peak_replicas=peak, slo_ttft_s=run.spec.slo.ttft_s, slo_tpot_s=run.spec.slo.tpot_s)
+        replica_seconds=rep_s, peak_replicas=peak, slo_ttft_s=run.spec.slo.ttft_s, slo_tpot_s=run.spec.slo.tpot_s,
+        prompt_tokens=sum(r.engine.prompt_tokens for r in run.all),
+        prefix_hit_tokens=sum(r.engine.prefix_hit_tokens for r in run.all))
     stats = tuple(ReplicaStats(r.rid, r.engine.steps, r.engine.busy_s, r.engine.tokens_processed,
                                r.engine.max_used_blocks, r.engine.cfg.num_blocks, r.engine.preemptions,
                                (r.removed if r.removed is not None else end) - r.created) for r in run.all)

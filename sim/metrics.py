@@ -57,6 +57,12 @@ class SimSummary:
     peak_replicas: int
     slo_ttft_s: float
     slo_tpot_s: float
+    prompt_tokens: int = 0  # of accepted requests
+    prefix_hit_tokens: int = 0  # of those, read from a prefix cache instead of computed
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        return self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else None
 
     def to_json_dict(self) -> dict[str, float | int | None]:
         out: dict[str, float | int | None] = {}
@@ -67,6 +73,7 @@ class SimSummary:
         for k, v in asdict(self).items():
             if k not in ("ttft", "tpot", "itl", "e2e"):
                 out[k] = v
+        out["prefix_hit_rate"] = self.prefix_hit_rate
         return out
 
 
@@ -105,7 +112,8 @@ def request_latencies(arrival: np.ndarray, first: np.ndarray, finish: np.ndarray
 def summarize(*, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, output: np.ndarray,
               total_requests: int, rejected: int, itl_values: np.ndarray, itl_weights: np.ndarray,
               preemptions: int, gpu_seconds: float, usd_per_gpu_hour: float, makespan_s: float,
-              replica_seconds: float, peak_replicas: int, slo_ttft_s: float, slo_tpot_s: float) -> SimSummary:
+              replica_seconds: float, peak_replicas: int, slo_ttft_s: float, slo_tpot_s: float,
+              prompt_tokens: int = 0, prefix_hit_tokens: int = 0) -> SimSummary:
     ttft, tpot, e2e = request_latencies(arrival, first, finish, output)
     ok_tpot = np.where(np.isnan(tpot), True, tpot <= slo_tpot_s)
     good = int(np.count_nonzero((ttft <= slo_ttft_s) & ok_tpot))
@@ -135,4 +143,6 @@ def summarize(*, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, out
         peak_replicas=peak_replicas,
         slo_ttft_s=slo_ttft_s,
         slo_tpot_s=slo_tpot_s,
+        prompt_tokens=prompt_tokens,
+        prefix_hit_tokens=prefix_hit_tokens,
     )

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from hbmserve.capacity.kv_blocks import PrefixCache
 from hbmserve.capacity.engine_core import EngineConfig, EngineConfigError, EngineCore, SimRequest
 from hbmserve.capacity.hardware import get_gpu
 from hbmserve.capacity.model_shape import load_model_shape
@@ -143,6 +144,17 @@ def test_prefix_cache_skips_cached_blocks():
     # 200 // 64 = 3 hashed blocks (192 tokens) are cached; only 8 prompt tokens are prefilled.
     assert c.tokens_processed - before == 8 + 1
     assert c.cache is not None and c.cache.hits == 3
+    # The hit-rate counters: 400 prompt tokens accepted, 192 of them read from the cache.
+    assert (c.prompt_tokens, c.prefix_hit_tokens) == (400, 192)
+    assert set(c.cache.cached) == {1, 2, 3}
+
+
+def test_a_released_prefix_is_evicted_tail_first_so_the_cache_stays_prefix_closed():
+    cache = PrefixCache(blocks_per_hash=1)
+    cache.acquire((1, 2, 3, 4))
+    cache.release((1, 2, 3, 4))
+    cache.evict(2)
+    assert set(cache.cached) == {1, 2} and cache.match((1, 2, 3, 4)) == 2
 
 
 def test_requests_over_max_model_len_are_rejected():

@@ -19,7 +19,10 @@ from hbmserve.core.config import ModelSpec
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.sim_protocol import (FILLER_WORDS, GenerationPlan, Rejection, estimate_tokens,
                                                filler_text, plan_generation, token_text)
+from hbmserve.deployments.replica_http import EngineLoad
 from hbmserve.deployments.sim_server import SimHttpServer, build_sim_openai_app
+from hbmserve.deployments.vllm_server import engine_load
+from hbmserve.routing.prefix import chat_prompt_text, prompt_block_hashes
 
 NAME = "sim-8b"
 MML = 2048
@@ -355,6 +358,41 @@ def test_server_waits_out_startup_then_serves_only_the_front_door():
     assert (unauth, health, healthy) == (403, 200, True)
     assert body["usage"]["completion_tokens"] == 3
     assert (counters.accepted, counters.in_flight, len(counters.first_byte_s)) == (1, 0, 1)
+
+
+def test_with_prefix_caching_a_shared_system_prompt_hits_the_cache_and_stats_report_it():
+    system = {"role": "system", "content": "You answer questions about the billing system. " * 40}
+    chats = [[system, {"role": "user", "content": f"Question {i}: " + "why is it so? " * 20}] for i in range(2)]
+    model = spec().model_copy(update={"engine_settings": spec().engine_settings.model_copy(
+        update={"enable_prefix_caching": True})})
+
+    async def go():
+        server = SimHttpServer(model, "127.0.0.1", AdmissionBudget(8), "token")
+        url = await server.start()
+        try:
+            async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+                usage = []
+                for messages in chats:  # one after the other: the first is cached when the second comes
+                    r = await c.post("/v1/chat/completions", headers=FRONT_DOOR, json={"model": NAME, "messages": messages, "max_tokens": 2})
+                    usage.append(r.json()["usage"]["prompt_tokens"])
+            return usage, server.engine_stats()
+        finally:
+            await server.stop()
+
+    usage, load = run(go())
+    h0, h1 = (prompt_block_hashes(chat_prompt_text(m)) for m in chats)
+    shared = next(i for i, (a, b) in enumerate(zip(h0, h1)) if a != b)
+    assert shared > 20  # the system prompt is about 1,900 characters: ~30 blocks of 64
+    # One hash is 64 characters = 16 estimated tokens; only the second request finds blocks cached.
+    assert (load.prompt_tokens, load.prefix_hit_tokens) == (sum(usage), 16 * shared)
+
+
+def test_vllm_load_sums_its_prometheus_samples():
+    samples = [("vllm:num_requests_waiting", 2.0), ("vllm:num_requests_running", 3.0), ("vllm:kv_cache_usage_perc", 0.25),
+               ("vllm:prefix_cache_queries_total", 900.0), ("vllm:prefix_cache_hits_total", 300.0),
+               ("vllm:prefix_cache_queries_created", 1.7e9), ("vllm:num_requests_waiting", 1.0)]
+    assert engine_load(samples) == EngineLoad(3, 3, 0.25, 900, 300)
+
 
 
 def test_stop_lets_a_running_stream_finish_and_tpot_is_sampled():
