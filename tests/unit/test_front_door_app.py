@@ -40,9 +40,10 @@ def run(coro):
 class Door:
     """Sim replicas of model `m` on loopback, the app in front, an httpx client on the app."""
 
-    def __init__(self, replicas: int = 2, dead: int = 0, ring=None, limits: BodyLimits = BodyLimits()):
+    def __init__(self, replicas: int = 2, dead: int = 0, ring=None, limits: BodyLimits = BodyLimits(),
+                 poll: bool = True):
         self.spec = spec()
-        self.n, self.dead, self.ring, self.limits = replicas, dead, ring, limits
+        self.n, self.dead, self.ring, self.limits, self.poll = replicas, dead, ring, limits, poll
 
     async def __aenter__(self):
         model = self.spec.model("m")
@@ -60,9 +61,20 @@ class Door:
                                 TOKEN, self.limits)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://door",
                                         timeout=30)
+        # Tests that set replica state by hand run without the poll loop, which would overwrite it.
+        self.poller = asyncio.get_running_loop().create_task(self._poll() if self.poll else asyncio.sleep(0))
         return self
 
+    async def _poll(self):
+        """The front door's poll loop: fresh loads, then release what now fits."""
+        while True:
+            await asyncio.sleep(0.05)
+            await self.table.poll(self.session, TOKEN)
+            for gate in self.admission.values():
+                gate.pump()
+
     async def __aexit__(self, *exc):
+        self.poller.cancel()
         await self.client.aclose()
         await self.session.close()
         for s in self.servers:
@@ -96,7 +108,7 @@ def test_requests_are_routed_to_live_replicas_and_name_them():
 
 def test_a_dead_replica_ranked_first_is_retried_on_a_live_one():
     async def go():
-        async with Door(replicas=1, dead=1) as d:
+        async with Door(replicas=1, dead=1, poll=False) as d:
             dead = d.table.get("m", "r1")
             dead.reachable, dead.waiting = True, 0  # looks alive and idle: choose ranks it first
             d.table.get("m", "r0").waiting = 3
@@ -110,7 +122,7 @@ def test_a_dead_replica_ranked_first_is_retried_on_a_live_one():
 
 def test_no_live_replica_is_an_openai_503_not_a_plain_500():
     async def go():
-        async with Door(replicas=0, dead=1) as d:
+        async with Door(replicas=0, dead=1, poll=False) as d:
             r1 = d.table.get("m", "r0")
             r1.reachable = True
             r = await d.client.post("/v1/completions", json=completion())

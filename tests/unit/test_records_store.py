@@ -220,7 +220,8 @@ def test_a_malformed_reply_is_named():
 RECORD_KEYS = {f.name for cls in (DecisionRecord, ReplicaInfo, IngressInfo, LoadReport, PlacementReport) for f in dataclasses.fields(cls)} - {
     # Too generic to tell a record read from any other dict: each is checked by its neighbours.
     # "role" is also every OpenAI chat message's field (routing/prefix.py renders messages).
-    "model", "url", "engine", "reason", "at", "replica", "pid", "healthy", "waiting", "running", "role"}
+    "model", "url", "engine", "reason", "at", "replica", "pid", "healthy", "waiting", "running", "role",
+    "prompt_tokens"}  # also every OpenAI usage block's field
 ALLOWED = {Path("core/records.py"), Path("deployments/records_store.py")}
 
 
