@@ -5,6 +5,7 @@
   and the benchmarks.
 * `ReplicaEndpoint`: a replica's announcement of where it listens, renewed while it lives.
   Read by the front doors.
+* `DoorEndpoint`: a front door's announcement, renewed while it lives. Read by the front doors.
 * `LoadReport`: a replica's load, which the front doors poll to route.
 * `HeldCount`: requests one front door holds for a model with no active replica, renewed while
   it holds them. Read by the autoscaling policy (scale from zero).
@@ -204,6 +205,17 @@ class LoadReport(Record):
     rejected: int
     prompt_tokens: int = 0  # since start, looked up in the prefix cache
     prefix_hit_tokens: int = 0  # of those, found there
+
+
+@dataclass(frozen=True, kw_only=True)
+class DoorEndpoint(Record):
+    """A front door's announcement, renewed while it lives: the front doors count each other to
+    split each model's admission capacity between them."""
+
+    door: str
+    node_id: str
+    url: str  # this front door alone
+    at: float  # wall clock of the last renewal
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from hbmserve.core.config import ClusterSpec
-from hbmserve.core.records import IngressInfo, ModelTraffic
+from hbmserve.core.records import DoorEndpoint, IngressInfo, ModelTraffic
 from hbmserve.deployments.front_door_access import AccessGuard, load_key_ring
 from hbmserve.deployments.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.deployments.front_door_queue import ModelAdmission
 from hbmserve.deployments.hardened_http import HardenedServer, HttpLimits, listen_socket
-from hbmserve.deployments.records_store import (RENEW_S, info_reply, latest_decision, live_endpoints,
-                                                 publish_held)
+from hbmserve.deployments.records_store import (RENEW_S, info_reply, latest_decision, live_doors, live_endpoints,
+                                                 publish_door, publish_held, remove_door)
 from hbmserve.deployments.replica_table import POLL_S, ReplicaTable
 from hbmserve.deployments.serve_app import engine_deployment_name
 
@@ -55,17 +56,18 @@ class FrontDoor:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.holder = f"{self.node_id[:12]}-{id(self):x}"
         self._held: dict[str, int] = {}
-        await self._discover()
         public, own = listen_socket(http.host, http.port, shared=True), listen_socket(http.host, 0, shared=False)
         self.url = f"http://{http.host}:{http.port}"
         self.own_url = "http://{}:{}".format(*own.getsockname()[:2])
+        await self._renew()
+        await self._discover()
         self.server = HardenedServer(self.app, HttpLimits(http.header_timeout_s, http.keep_alive_s,
                                                           http.max_connections))
         await self.server.start([public, own])
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._every(DISCOVER_S, self._discover)),
                        loop.create_task(self._every(POLL_S, self._poll)),
-                       loop.create_task(self._every(RENEW_S / 2, self._publish_held))]
+                       loop.create_task(self._every(RENEW_S / 2, self._renew))]
         log.info("front door on %s (this one alone: %s), auth %s, %d model(s)", self.url, self.own_url,
                  "enforced" if self.guard.enforced else "off", len(names))
 
@@ -81,17 +83,21 @@ class FrontDoor:
         def read():
             decisions = {m.name: latest_decision(m.name, engine_deployment_name(m))
                          for m in self.spec.models if m.autoscaling is not None}
-            return live_endpoints(), decisions
+            return live_endpoints(), decisions, live_doors()
 
-        endpoints, decisions = await asyncio.to_thread(read)
+        endpoints, decisions, doors = await asyncio.to_thread(read)
         self.table.update(endpoints, decisions)
+        self.table.doors = max(1, len(doors))
 
     async def _poll(self) -> None:
         await self.table.poll(self.session, self.app.token)
         for gate in self.admission.values():
             gate.pump()
 
-    async def _publish_held(self) -> None:
+    async def _renew(self) -> None:
+        """This front door's announcement, and the requests it holds per model."""
+        door = DoorEndpoint(door=self.holder, node_id=self.node_id, url=self.own_url, at=time.time())
+        await asyncio.to_thread(publish_door, door)
         for m in self.spec.models:
             held = self.admission[m.name].queued
             if held or self._held.get(m.name):
@@ -119,6 +125,8 @@ class FrontDoor:
     async def __del__(self) -> None:
         for task in self._tasks:
             task.cancel()
+        await asyncio.to_thread(remove_door, DoorEndpoint(door=self.holder, node_id=self.node_id, url=self.own_url,
+                                                          at=0.0))
         await self.server.stop()
         for m in self.spec.models:  # let go of held counts at once rather than at their TTL
             if self._held.get(m.name):

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from hbmserve.core.config import EngineKind, ModelSpec
 from hbmserve.core.records import PlacementReport, ReplicaInfo
+from hbmserve.core.scaling import ReplicaState
 from hbmserve.deployments.serve_app import EngineReplica, actor_options
 from hbmserve.placement.plan_types import PlacementPlan, PlacementRequest
 from hbmserve.placement.planner import plan
@@ -116,8 +117,8 @@ class PlacedEngineReplica(EngineReplica):
         publish_verification_metrics(deployment, self.verification)
         log_verification(self.verification, log, deployment)
 
-    def _replica_info(self) -> ReplicaInfo:
-        return dataclasses.replace(super()._replica_info(), placement=self.placement)
+    def _replica_info(self, role: ReplicaState) -> ReplicaInfo:
+        return dataclasses.replace(super()._replica_info(role), placement=self.placement)
 
 
 def build_placed_app(host: str, internal_token: str, model: ModelSpec,

@@ -6,6 +6,8 @@
   `active_replicas`), `hbmserve status` and the benchmarks, through `latest_decision`.
 * Replica endpoints: KV key `endpoint/<app>/<deployment>/<replica>`, renewed by each replica
   (`publish_endpoint`) every few seconds, read by the front doors (`live_endpoints`).
+* Front doors: KV key `door/<door>`, renewed by each front door (`publish_door`), counted by
+  every front door (`live_doors`) to split admission capacity.
 * Held counts, the one signal that flows back to the policy: requests a front door holds for a
   model with no active replica. KV key `held/<app>/<deployment>/<front door>`, renewed by each
   front door while it holds any (`publish_held`), summed by the policy (`held_at_ingress`).
@@ -26,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hbmserve.core.records import (DecisionRecord, HeldCount, IngressInfo, RecordError, ReplicaEndpoint,
+from hbmserve.core.records import (DecisionRecord, DoorEndpoint, HeldCount, IngressInfo, RecordError, ReplicaEndpoint,
                                    ReplicaInfo)
 
 KV_NAMESPACE = "hbmserve"
@@ -128,6 +130,19 @@ def remove_endpoint(ep: ReplicaEndpoint) -> None:
 def live_endpoints(now: float | None = None) -> list[ReplicaEndpoint]:
     """Every replica endpoint renewed within TTL_S (blocking: Ray internal KV)."""
     return _fresh_records("endpoint/", ReplicaEndpoint, TTL_S, time.time() if now is None else now)
+
+
+def publish_door(door: DoorEndpoint) -> None:
+    _kv()._internal_kv_put(f"door/{door.door}", door.to_json(), overwrite=True, namespace=KV_NAMESPACE)
+
+
+def remove_door(door: DoorEndpoint) -> None:
+    _kv()._internal_kv_del(f"door/{door.door}", namespace=KV_NAMESPACE)
+
+
+def live_doors(now: float | None = None) -> list[DoorEndpoint]:
+    """Every front door renewed within TTL_S (blocking: Ray internal KV)."""
+    return _fresh_records("door/", DoorEndpoint, TTL_S, time.time() if now is None else now)
 
 
 def publish_held(app: str | None, deployment: str, holder: str, held: int) -> None:

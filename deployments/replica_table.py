@@ -65,6 +65,7 @@ class ReplicaTable:
         self.models = models
         self.autoscaled = autoscaled
         self.replicas: dict[str, dict[str, KnownReplica]] = {m: {} for m in models}
+        self.doors = 1  # live front doors, this one included: they split each model's admission
 
     # -- refresh -------------------------------------------------------------------------
     def update(self, endpoints: list[ReplicaEndpoint], decisions: dict[str, DecisionRecord | None]) -> None:
@@ -118,11 +119,6 @@ class ReplicaTable:
 
     def routable(self, model: str) -> int:
         return sum(1 for r in self.replicas.get(model, {}).values() if r.active and r.reachable)
-
-    def reported_sequences(self, model: str) -> int:
-        """What the routable replicas report running and waiting, plus what was sent since."""
-        return sum(r.waiting + r.running + r.sent_since_poll for r in self.replicas.get(model, {}).values()
-                   if r.active and r.reachable)
 
     def starting_or_standby(self, model: str) -> int:
         """Replicas that exist but take no traffic yet: help that may arrive soon."""

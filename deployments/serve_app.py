@@ -119,14 +119,14 @@ class EngineReplica:
             return ReplicaState.ACTIVE
         return ReplicaState.STANDBY
 
-    def _replica_info(self) -> ReplicaInfo:
+    def _replica_info(self, role: ReplicaState) -> ReplicaInfo:
         c = self.server.counters
         load = self.server.engine_stats()
         return ReplicaInfo(
             model=self.model.name,
             engine=self.model.engine.value,
             url=self.url,
-            role=self._role(),
+            role=role,
             replica=self.endpoint.replica,
             node_id=self.endpoint.node_id,
             pid=os.getpid(),
@@ -142,7 +142,8 @@ class EngineReplica:
 
     async def info(self) -> dict:
         """A ReplicaInfo as plain data (records_store.read_replica_info types it again)."""
-        return info_reply(await asyncio.to_thread(self._replica_info))
+        role = await asyncio.to_thread(self._role)  # a Ray KV read: off the event loop
+        return info_reply(self._replica_info(role))
 
     async def check_health(self) -> None:
         if not self.server.healthy():

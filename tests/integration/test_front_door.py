@@ -28,7 +28,9 @@ PORT = 18400
 KEY_A, KEY_B, ADMIN = "tenant-a-key-0123456789", "tenant-b-key-0123456789", "admin-token-0123456789"
 A, B = {"authorization": f"Bearer {KEY_A}"}, {"authorization": f"Bearer {KEY_B}"}
 ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
-SIM = {"gpu": "h100-sxm", "model_config_name": "llama-3.1-8b", "speedup": 20.0}
+# 2x real time: a token every ~3.5 ms, so a long stream lasts seconds (long enough to kill its
+# replica mid-way) while a short request takes ~0.1 s.
+SIM = {"gpu": "h100-sxm", "model_config_name": "llama-3.1-8b", "speedup": 2.0}
 
 
 def _spec(keys_file, admin_file):
@@ -196,19 +198,20 @@ def test_slow_and_idle_clients_hold_no_admission_slot(cluster):
 
 
 def test_overload_refuses_the_excess_and_loses_nothing_accepted(cluster):
-    url = cluster["url"]
-    # sim-a admits 2 replicas x 4 running + 3 batches of queue each = 32 sequences at once;
-    # 96 concurrent long requests are 3x that.
-    def one(i: int):
+    """A burst of 3x what sim-a admits at once (2 replicas x 4 running + 3 batches of queue each
+    = 32 sequences, split between the three front doors), from one asyncio client."""
+    url, sent = cluster["url"], 96
+
+    async def one(client: httpx.AsyncClient, i: int):
         t0 = time.monotonic()
+        body = {"model": "sim-a", "prompt": f"overload {i}", "max_tokens": 16, "stream": True}
         try:
-            with httpx.Client(timeout=120) as c, c.stream("POST", f"{url}/v1/completions", headers=A, json={
-                    "model": "sim-a", "prompt": f"overload {i}", "max_tokens": 200, "stream": True}) as r:
+            async with client.stream("POST", f"{url}/v1/completions", headers=A, json=body) as r:
                 if r.status_code != 200:
-                    r.read()
+                    await r.aread()
                     return r.status_code, r.headers.get("retry-after"), None, False
                 first, done = None, False
-                for line in r.iter_lines():
+                async for line in r.aiter_lines():
                     if first is None and line.startswith("data: "):
                         first = time.monotonic() - t0
                     done = done or line == "data: [DONE]"
@@ -216,17 +219,22 @@ def test_overload_refuses_the_excess_and_loses_nothing_accepted(cluster):
         except httpx.HTTPError as err:
             return "lost", repr(err), None, False
 
-    with ThreadPoolExecutor(96) as pool:
-        results = list(pool.map(one, range(96)))
+    async def burst():
+        limits = httpx.Limits(max_connections=sent, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(sent)))
+
+    results = asyncio.run(burst())
     accepted = [r for r in results if r[0] == 200]
     refused = [r for r in results if r[0] == 429]
     lost = [r for r in results if r[0] not in (200, 429) or (r[0] == 200 and not r[3])]
-    print(f"overload: sent 96, accepted {len(accepted)}, refused {len(refused)}, lost {len(lost)}")
-    assert not lost, lost[:3]
-    assert len(accepted) >= 32 and refused, (len(accepted), len(refused))
-    assert all(r[1] and int(r[1]) >= 1 for r in refused)  # Retry-After on every 429
     slo_s = 2.0
     within = sum(1 for r in accepted if r[2] is not None and r[2] <= slo_s)
+    print(f"overload: sent {sent}, accepted {len(accepted)}, refused {len(refused)}, lost {len(lost)}; "
+          f"TTFT within the {slo_s:g} s SLO: {within}/{len(accepted)}")
+    assert not lost, lost[:3]
+    assert 8 <= len(accepted) <= 40 and len(refused) == sent - len(accepted), (len(accepted), len(refused))
+    assert all(r[1] and int(r[1]) >= 1 for r in refused)  # Retry-After on every 429
     assert within >= 0.95 * len(accepted), sorted(r[2] for r in accepted)[-5:]
 
 
@@ -264,18 +272,29 @@ def test_replica_killed_mid_stream_ends_the_stream_with_an_error_event(cluster):
     assert codes == [200] * 24
 
 
+def _routable(door_url: str, model: str) -> int:
+    info = httpx.get(f"{door_url}/hbm/info", headers=ADMIN_H, timeout=10).json()
+    return next(t["routable"] for t in info["models"] if t["model"] == model)
+
+
 def test_worker_node_removed_the_service_answers_at_once(cluster):
     c = cluster["cluster"]
     head_door = next(d for d in _doors() if d.node_id == c.head_node.node_id)
+    deadline = time.monotonic() + 60  # Serve restarts the replica killed above; wait for both
+    while _routable(head_door.own_url, "sim-a") < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _routable(head_door.own_url, "sim-a") == 2
     on_workers = {w.node_id: w for w in cluster["workers"]}
     victim = next((on_workers[n["NodeID"]] for n in ray.nodes() if n["Alive"] and n["NodeID"] in on_workers
                    and any(r.replica.startswith(n["NodeID"][:8]) for r in _replicas("sim-a").values())), None)
     assert victim is not None, "no sim-a replica on a worker node"
     c.remove_node(victim)
-    t0, codes = time.monotonic(), []
+    t0, codes, first_error = time.monotonic(), [], None
     with httpx.Client(timeout=30) as client:
         while time.monotonic() - t0 < 5:
-            codes.append(_complete(head_door.own_url, client=client).status_code)
+            r = _complete(head_door.own_url, client=client)
+            codes.append(r.status_code)
+            first_error = first_error or (r.text if r.status_code != 200 else None)
     print(f"node removed: sent {len(codes)} in the next 5 s, accepted {codes.count(200)}, "
           f"lost {len(codes) - codes.count(200)}")
-    assert codes and codes == [200] * len(codes)
+    assert codes and codes == [200] * len(codes), first_error
