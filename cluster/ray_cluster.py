@@ -223,10 +223,13 @@ class ReplicaStats(Record):
     role: ReplicaState = ReplicaState.ACTIVE  # or STANDBY: loaded, not routed to (autoscale/roles.py)
     # Planned replicas only: placement_verified and what crossed (placement/verification.py).
     placement: PlacementReport | None = None
+    prompt_tokens: int = 0  # prefix cache since start: prompt tokens looked up
+    prefix_hit_tokens: int = 0  # and found cached
 
     @classmethod
     def of(cls, key: str, info: ReplicaInfo) -> ReplicaStats:
-        return cls(key, info.url, info.accepted, info.rejected, info.in_flight, info.role, info.placement)
+        return cls(key, info.url, info.accepted, info.rejected, info.in_flight, info.role, info.placement,
+                   info.prompt_tokens, info.prefix_hit_tokens)
 
 
 @dataclass(frozen=True)

@@ -305,6 +305,9 @@ class ServeSpec(_Strict):
     http: HttpSpec = HttpSpec()
     # Unset: no auth, every path open. Set: every path but /health needs a key (fails closed).
     auth: AuthSpec | None = None
+    # How the front doors pick a replica (routing/baselines.py ROUTERS). `choose` is the product;
+    # the others exist to measure it against (ops/bench/prefix_routing_live.py).
+    router: Literal["choose", "round-robin", "power-of-two", "least-loaded"] = "choose"
     # Ray dashboard port for `hbmserve up`.
     dashboard_port: Annotated[int, Field(ge=1, le=65535)] = 8265
 

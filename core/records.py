@@ -171,6 +171,9 @@ class ReplicaInfo(Record):
     # Seconds from the replica's constructor to a loaded engine (added after the first version).
     load_s: float | None = None
     placement: PlacementReport | None = None  # planned replicas only (deployments/placed_app.py)
+    # Prefix cache since start: prompt tokens looked up, and those found (added with the front door).
+    prompt_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
     @property
     def placement_verified(self) -> bool | None:

@@ -28,7 +28,7 @@ from hbmserve.deployments.front_door_queue import ModelAdmission, ask_for
 from hbmserve.deployments.relay import FirstByteTimeout, NotStarted, relay, upstream_headers
 from hbmserve.deployments.replica_middleware import json_response, openai_error
 from hbmserve.deployments.replica_table import ReplicaTable
-from hbmserve.routing.choose import choose
+from hbmserve.routing.baselines import ROUTERS
 from hbmserve.routing.prefix import chat_prompt_text, prompt_block_hashes
 
 log = logging.getLogger("hbmserve.frontdoor")
@@ -112,6 +112,7 @@ class FrontDoorApp:
         self.info_of = None  # () -> IngressInfo as plain data; set by the front door
         self.openapi = openapi_document(spec)
         self.retried: dict[str, int] = {}  # model -> requests retried on another replica
+        self.route = ROUTERS[spec.serve.router]
         self._requests = 0
 
     async def __call__(self, scope, receive, send) -> None:
@@ -217,7 +218,7 @@ class FrontDoorApp:
         tried: list[str] = []
         failure = "no active replica"
         for _ in range(ATTEMPTS):
-            ranked = [rid for rid in choose(self.table.loads(model), route).ranked if rid not in tried]
+            ranked = [rid for rid in self.route(self.table.loads(model), route).ranked if rid not in tried]
             replica = self.table.get(model, ranked[0]) if ranked else None
             if replica is None:
                 break

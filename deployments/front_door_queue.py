@@ -30,8 +30,9 @@ from hbmserve.routing.queue import Ask, ModelCapacity, Queue, Waiting, admit, ex
 # Queue room per active replica beyond its running batch, in batches: the replica safety cap
 # (serve_app.QUEUE_SLOTS_PER_SEQ = 4 batches in all) less the running one.
 QUEUE_BATCHES = 3
-# A hot standby is promoted within a policy tick or two and takes traffic within a poll.
-PROMOTION_S = 2.0
+# After the policy promotes a hot standby (its upscale delay), the front doors route to it at
+# their next discovery (0.5 s).
+DISCOVERY_S = 0.5
 # Output tokens assumed when a request names no max_tokens (OpenAI's default is "until the
 # context ends", which would make every request look as big as the whole context).
 DEFAULT_MAX_TOKENS = 256
@@ -83,6 +84,7 @@ class ModelAdmission:
         routable = self.table.routable(m.name)
         spare = self.table.starting_or_standby(m.name)
         doors = max(1, self.table.doors)
+        promotion_s = (m.autoscaling.upscale_delay_s if m.autoscaling is not None else 0.0) + DISCOVERY_S
 
         def share(total: int) -> int:
             return -(-total // doors)  # ceil: a lone request is never refused for rounding
@@ -96,7 +98,7 @@ class ModelAdmission:
                 active_sequences=0, in_flight_sequences=self.in_flight_sequences,
                 in_flight_tokens=self.in_flight_tokens, max_tokens_in_flight=0,
                 queue_sequences=share(s.max_num_seqs * (QUEUE_BATCHES + 1)),
-                help_arriving_s=PROMOTION_S if spare else m.autoscaling.startup_s.warm,
+                help_arriving_s=promotion_s if spare else m.autoscaling.startup_s.warm,
                 help_sequences=share(s.max_num_seqs), completion_sequences_per_s=self._pace(now, share(s.max_num_seqs)))
         active = share(routable * s.max_num_seqs)
         return ModelCapacity(
@@ -104,8 +106,8 @@ class ModelAdmission:
             in_flight_tokens=self.in_flight_tokens, max_tokens_in_flight=active * s.max_model_len,
             queue_sequences=share(routable * s.max_num_seqs * QUEUE_BATCHES),
             ttft_slo_s=m.slo.ttft_p95_ms / 1000,
-            help_arriving_s=PROMOTION_S if spare else None, help_sequences=share(spare * s.max_num_seqs),
-            max_hold_s=PROMOTION_S, completion_sequences_per_s=self._pace(now, active))
+            help_arriving_s=promotion_s if spare else None, help_sequences=share(spare * s.max_num_seqs),
+            max_hold_s=promotion_s, completion_sequences_per_s=self._pace(now, active))
 
     # -- requests ----------------------------------------------------------------------------
     async def enter(self, ask: Ask) -> Ask | Refusal:

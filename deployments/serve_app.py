@@ -138,6 +138,8 @@ class EngineReplica:
             rejected=c.rejected,
             healthy=self.server.healthy(),
             load_s=self.load_s,
+            prompt_tokens=load.prompt_tokens,
+            prefix_hit_tokens=load.prefix_hit_tokens,
         )
 
     async def info(self) -> dict:

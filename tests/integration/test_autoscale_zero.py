@@ -1,12 +1,11 @@
 """Scale to zero (min_replicas 0) live in Ray Serve, on simulated-engine replicas.
 
 Two models on one head:
-* `sleepy` starts with no engine replica. Its gate lists it on `/v1/models`, holds the first
-  requests (a streamed one and a plain one, through the `openai` SDK) while a replica starts
-  (3 s simulated load), and forwards them; idle, it goes back to zero and the gate takes the
-  port again.
-* `glacial` needs 60 s to load, and its gate waits only 2 s: the client gets a 503 with
-  Retry-After and an OpenAI-style error body instead of hanging.
+* `sleepy` starts with no engine replica. The front door lists it on `/v1/models`, holds the
+  first requests (a streamed one and a plain one, through the `openai` SDK) while a replica
+  starts (3 s simulated load), and forwards them; idle, it goes back to zero, still listed.
+* `glacial` needs 60 s to load, and the front door holds its requests only 2 s: the client gets
+  a 503 with Retry-After and an OpenAI-style error body instead of hanging.
 
 Owns the local head for the module (see test_sim_serving.py on ordering): `down` before and after.
 """
@@ -21,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 SLEEPY, GLACIAL = "sleepy", "glacial"
-PORT = 18250  # sleepy; glacial gets the next port
+PORT = 18250
 LOAD_S = 3.0
 
 
@@ -55,7 +54,7 @@ def zero(head, tmp_path_factory):
 
 
 def _asleep(model: dict) -> bool:
-    return model["replicas"].get("RUNNING", 0) == 0 and model["gate"]["listening"]
+    return model["replicas"].get("RUNNING", 0) == 0 and all(t["routable"] == 0 for t in model["traffic"])
 
 
 def test_zero_replicas_still_list_the_model_then_the_first_requests_wake_it(zero, status, wait_for):
@@ -65,7 +64,7 @@ def test_zero_replicas_still_list_the_model_then_the_first_requests_wake_it(zero
     asleep = wait_for(_asleep, timeout_s=30, name=SLEEPY)
     assert _asleep(asleep), asleep
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=90)
-    assert [m.id for m in client.models.list().data] == [SLEEPY]
+    assert [m.id for m in client.models.list().data] == [SLEEPY, GLACIAL]
 
     def streamed() -> str:
         chunks = client.chat.completions.create(model=SLEEPY, messages=[{"role": "user", "content": "wake"}],
@@ -84,17 +83,17 @@ def test_zero_replicas_still_list_the_model_then_the_first_requests_wake_it(zero
     assert len(text.split()) == 16 and (tokens, finish) == (8, "length")
     assert held_s >= LOAD_S  # they waited for the replica to load; nothing was refused
 
-    assert status(SLEEPY)["gate"]["accepted"] >= 2  # both went through the gate
+    assert sum(t["accepted"] for t in status(SLEEPY)["traffic"]) >= 2  # both held by the front door
 
-    # Idle: back to zero, the gate takes the port again, and the model is still listed.
+    # Idle: back to zero, and the model is still listed.
     asleep = wait_for(_asleep, timeout_s=90, name=SLEEPY)
     assert _asleep(asleep), asleep
-    assert asleep["autoscale"]["target_active"] == 0 and asleep["gate"]["held"] == 0
-    assert [m.id for m in client.models.list().data] == [SLEEPY]
+    assert asleep["autoscale"]["target_active"] == 0 and all(t["queued"] == 0 for t in asleep["traffic"])
+    assert [m.id for m in client.models.list().data] == [SLEEPY, GLACIAL]
 
 
 def test_no_replica_within_the_wait_is_a_503_with_retry_after(zero):
-    glacial = f"http://127.0.0.1:{PORT + 1}"
+    glacial = zero
     t0 = time.monotonic()
     r = httpx.post(f"{glacial}/v1/chat/completions", timeout=30,
                    json={"model": GLACIAL, "messages": [{"role": "user", "content": "hello?"}], "max_tokens": 4})
@@ -102,7 +101,7 @@ def test_no_replica_within_the_wait_is_a_503_with_retry_after(zero):
     assert r.status_code == 503, r.text
     assert int(r.headers["retry-after"]) >= 1
     err = r.json()["error"]
-    assert err["code"] == "scaling_from_zero" and GLACIAL in err["message"]
+    assert err["code"] == "queue_timeout" and GLACIAL in err["message"]
     assert 2.0 <= waited < 20  # held for the configured 2 s, not until the 60 s load finished
     models = httpx.get(f"{glacial}/v1/models", timeout=10).json()
-    assert [m["id"] for m in models["data"]] == [GLACIAL]
+    assert [m["id"] for m in models["data"]] == [SLEEPY, GLACIAL]

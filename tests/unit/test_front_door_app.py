@@ -193,3 +193,15 @@ def test_a_burst_beyond_the_queue_is_refused_and_every_accepted_request_complete
     assert refused and all(int(r.headers["retry-after"]) >= 1 for r in refused)
     assert all(json.loads(r.text)["usage"]["completion_tokens"] == 200 for r in replies if r.status_code == 200)
     assert (gate.in_flight_sequences, gate.queued) == (0, 0)  # every slot given back
+
+
+def test_the_live_front_door_routes_with_the_simulators_choose_unless_told_otherwise():
+    from hbmserve.routing import baselines
+    from hbmserve.routing.choose import choose
+    from hbmserve.sim import cluster_sim
+
+    table = ReplicaTable(["m", "other"], set())
+    app = FrontDoorApp(spec(), table, AccessGuard(None), {}, lambda: None, TOKEN, BodyLimits())
+    assert app.route is choose and cluster_sim.choose is choose  # one function, both drivers
+    rr = FrontDoorApp(spec(router="round-robin"), table, AccessGuard(None), {}, lambda: None, TOKEN, BodyLimits())
+    assert rr.route is baselines.round_robin
