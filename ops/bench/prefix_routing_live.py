@@ -107,9 +107,11 @@ def prefix_counters() -> tuple[int, int]:
     """(prompt tokens, cached prompt tokens) summed over the model's replicas."""
     out = subprocess.run([sys.executable, "-m", "hbmserve", "status", "--json"], capture_output=True, text=True,
                          check=True)
-    (model,) = json.loads(out.stdout.strip().splitlines()[-1])["models"]
-    reps = model["replica_stats"]
-    return sum(r["prompt_tokens"] for r in reps), sum(r["prefix_hit_tokens"] for r in reps)
+    from hbmserve.cluster.ray_cluster import ModelStatus
+
+    (entry,) = json.loads(out.stdout.strip().splitlines()[-1]).get("models")
+    reps = ModelStatus.from_dict(entry).replica_stats
+    return sum(r.prompt_tokens for r in reps), sum(r.prefix_hit_tokens for r in reps)
 
 
 def one_run(router: str, turns: list[Turn], max_tokens: int) -> dict:
