@@ -105,12 +105,14 @@ async def replay(url: str, turns: list[Turn], max_tokens: int) -> list[float | N
 
 def prefix_counters() -> tuple[int, int]:
     """(prompt tokens, cached prompt tokens) summed over the model's replicas."""
-    out = subprocess.run([sys.executable, "-m", "hbmserve", "status", "--json"], capture_output=True, text=True,
-                         check=True)
-    from hbmserve.cluster.ray_cluster import ModelStatus
+    from hbmserve.cluster import ray_cluster as rc
 
-    (entry,) = json.loads(out.stdout.strip().splitlines()[-1]).get("models")
-    reps = ModelStatus.from_dict(entry).replica_stats
+    rc.connect(None)
+    try:
+        (model,) = rc.status()
+    finally:
+        rc.disconnect()
+    reps = model.replica_stats
     return sum(r.prompt_tokens for r in reps), sum(r.prefix_hit_tokens for r in reps)
 
 
