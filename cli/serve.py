@@ -118,8 +118,10 @@ def up(
     _serve_until_stopped(own_head)
 
 
-# How often `up` checks that its cluster and deployment still exist.
+# How often `up` checks that its cluster and deployment still exist, and how long it waits for
+# its clean-up before leaving anyway.
 WATCH_S = 2.0
+CLEANUP_S = 120.0
 
 
 def _serve_until_stopped(own_head: bool) -> None:
@@ -142,13 +144,23 @@ def _serve_until_stopped(own_head: bool) -> None:
     if gone:
         err.print(f"[yellow]{gone}[/]; exiting", highlight=False)
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # a second Ctrl-C: leave now
-    with err.status("shutting down (Ctrl-C again to leave at once)"):
+
+    def clean_up() -> None:
         if not gone or rc.local_head_running():
             with contextlib.suppress(Exception):
                 rc.undeploy_all()
-        rc.disconnect()
+        with contextlib.suppress(Exception):
+            rc.disconnect()
         if own_head:
             rc.stop_local_head()
+
+    # In a thread: a call into a cluster that is going away can block, and Ctrl-C must still work.
+    worker = threading.Thread(target=clean_up, daemon=True)
+    with err.status("shutting down (Ctrl-C again to leave at once)"):
+        worker.start()
+        worker.join(CLEANUP_S)
+    if worker.is_alive():
+        err.print(f"[yellow]clean-up did not finish in {CLEANUP_S:g} s; leaving it[/]")
     out.print("stopped")
 
 
