@@ -110,12 +110,17 @@ def up(
         rc.connect(None)
     except rc.ClusterError as e:
         raise _fail(str(e)) from None
-    endpoints = _deploy(spec)
+    try:
+        endpoints = _deploy(spec)
+    except KeyboardInterrupt:  # Ctrl-C while deploying: undo what was started
+        err.print("[yellow]interrupted while deploying[/]")
+        _shut_down(own_head, gone=None)
+        raise typer.Exit(130) from None
     dashboard = f"http://127.0.0.1:{spec.serve.dashboard_port}" if own_head else None
     _print_endpoints(spec, endpoints, dashboard)
     if detach:
         return
-    _serve_until_stopped(own_head)
+    _shut_down(own_head, _serve_until_stopped())
 
 
 # How often `up` checks that its cluster and deployment still exist, and how long it waits for
@@ -124,10 +129,9 @@ WATCH_S = 2.0
 CLEANUP_S = 120.0
 
 
-def _serve_until_stopped(own_head: bool) -> None:
-    """Serve until Ctrl-C or SIGTERM, or until the cluster or the deployment goes away (another
-    terminal ran `hbmserve down`); then clean up what is left. A second Ctrl-C while cleaning up
-    exits at once."""
+def _serve_until_stopped() -> str | None:
+    """Serve until Ctrl-C or SIGTERM (returns None), or until the cluster or the deployment goes
+    away, e.g. another terminal ran `hbmserve down` (returns why)."""
     from hbmserve.cluster import ray_cluster as rc
 
     stop = threading.Event()
@@ -143,6 +147,14 @@ def _serve_until_stopped(own_head: bool) -> None:
         pass
     if gone:
         err.print(f"[yellow]{gone}[/]; exiting", highlight=False)
+    return gone
+
+
+def _shut_down(own_head: bool, gone: str | None) -> None:
+    """Remove what is left of the deployment and the head this process started. A second Ctrl-C
+    while cleaning up exits at once."""
+    from hbmserve.cluster import ray_cluster as rc
+
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # a second Ctrl-C: leave now
 
     def clean_up() -> None:

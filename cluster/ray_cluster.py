@@ -102,8 +102,8 @@ def deployment_gone() -> str | None:
         return f"the Ray cluster at {address} is gone"
     try:
         apps = serve.status().applications
-    except Exception as err:  # noqa: BLE001 - any failure to read status means we cannot serve
-        return f"cannot read the deployment's status ({type(err).__name__}: {err})"
+    except Exception as err:  # noqa: BLE001 - Serve's controller is gone: nothing serves any more
+        return f"Serve was shut down on the cluster (by `hbmserve down`?): {type(err).__name__}"
     return None if APP_NAME in apps else "the deployment was removed (by `hbmserve down`?)"
 
 
