@@ -58,15 +58,20 @@ async def relay(session, url: str, method: str, headers: dict[str, str], body: b
     import aiohttp
 
     loop = asyncio.get_running_loop()
+    deadline = loop.time() + first_byte_timeout_s  # for the status line and the first body byte
     try:
-        resp = await session.request(method, url, data=body, headers=headers,
-                                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0))
+        resp = await asyncio.wait_for(
+            session.request(method, url, data=body, headers=headers,
+                            timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0)),
+            timeout=first_byte_timeout_s)
+    except asyncio.TimeoutError:
+        raise FirstByteTimeout() from None
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as err:
         raise NotStarted(f"{type(err).__name__}: {err}") from None
     try:
         chunks = resp.content.iter_any()
         try:
-            first = await asyncio.wait_for(anext(chunks, b""), timeout=first_byte_timeout_s)
+            first = await asyncio.wait_for(anext(chunks, b""), timeout=max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             raise FirstByteTimeout() from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as err:

@@ -104,16 +104,21 @@ async def replay(url: str, turns: list[Turn], max_tokens: int) -> list[float | N
 
 
 def prefix_counters() -> tuple[int, int]:
-    """(prompt tokens, cached prompt tokens) summed over the model's replicas."""
+    """(prompt tokens, cached prompt tokens) summed over the model's replicas. Read in a child
+    process: Serve caches its controller per process, and each run is a new cluster."""
+    out = subprocess.run([sys.executable, "-m", "hbmserve.ops.bench.prefix_routing_live", "--counters"],
+                         capture_output=True, text=True, check=True)
+    prompt, hit = out.stdout.split()[-2:]
+    return int(prompt), int(hit)
+
+
+def print_counters() -> None:
     from hbmserve.cluster import ray_cluster as rc
 
     rc.connect(None)
-    try:
-        (model,) = rc.status()
-    finally:
-        rc.disconnect()
+    (model,) = rc.status()
     reps = model.replica_stats
-    return sum(r.prompt_tokens for r in reps), sum(r.prefix_hit_tokens for r in reps)
+    print(sum(r.prompt_tokens for r in reps), sum(r.prefix_hit_tokens for r in reps))
 
 
 def one_run(router: str, turns: list[Turn], max_tokens: int) -> dict:
@@ -142,7 +147,11 @@ def main() -> None:
     p.add_argument("--sessions-per-s", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--out", default="out/prefix_routing_live.json")
+    p.add_argument("--counters", action="store_true", help=argparse.SUPPRESS)  # prefix_counters' child
     a = p.parse_args()
+    if a.counters:
+        print_counters()
+        return
     runs = []
     for r in range(a.rounds):
         turns = trace(seed=r, duration_s=a.duration_s, sessions_per_s=a.sessions_per_s)

@@ -104,7 +104,7 @@ def test_concurrent_requests_all_succeed_and_spread_over_replicas(status, sim_se
     before = {r["replica"]: r["accepted"] for r in status()["replica_stats"]}
 
     def one(i: int) -> int:
-        # A fresh connection per request: SO_REUSEPORT spreads connections, not requests.
+        # A fresh connection per request, as separate clients would come.
         with httpx.Client(base_url=sim_served["url"], timeout=60) as c:
             r = c.post("/v1/completions", json={"model": MODEL, "prompt": f"request {i}", "max_tokens": 16})
             assert r.status_code == 200, r.text

@@ -235,3 +235,17 @@ def test_a_client_that_goes_away_cancels_its_upstream_request():
 
     cancelled, finished = run(go())
     assert cancelled and finished is None
+
+
+def test_deploy_fails_closed_before_anything_starts_when_the_keys_cannot_be_loaded(tmp_path):
+    from hbmserve.cluster import ray_cluster as rc
+
+    missing = tmp_path / "no-such-keys.yaml"
+    bad = tmp_path / "keys.yaml"
+    bad.write_text(f"tenants: [{{name: t, keys: ['{KEY}', '{KEY}']}}]")  # a key listed twice
+    for path, why in ((missing, "cannot read"), (bad, "tenants")):
+        cfg = spec(auth={"keys_file": str(path)})
+        with pytest.raises(rc.ClusterError) as err:
+            rc.deploy(cfg)  # no Ray here: the keys are checked first
+        message = str(err.value)
+        assert "serve.auth" in message and why in message and KEY not in message, message

@@ -131,6 +131,7 @@ def test_a_stream_broken_mid_way_ends_with_an_sse_error_event():
             event = b'data: {"choices":[{"text":"t%d"}]}\n\n' % i
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
         await writer.drain()
+        await asyncio.sleep(0.3)  # the two tokens reach the client first
         writer.transport.abort()  # the replica process dies: no terminating chunk
 
     async def scenario():
@@ -169,3 +170,41 @@ def test_a_whole_reply_is_relayed_with_status_and_headers():
         assert json.loads(sent.body)["error"]["message"] == "bad"
 
     run(scenario())
+
+
+def test_past_the_connection_cap_new_requests_get_503_and_the_cap_frees_when_idlers_are_cut():
+    async def scenario():
+        server, port = await start(ok_app, HttpLimits(header_timeout_s=1.0, keep_alive_s=5, max_connections=16))
+        try:
+            idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(16)]
+            async with httpx.AsyncClient() as client:
+                over = (await client.get(f"http://127.0.0.1:{port}/")).status_code
+                await asyncio.sleep(1.5)  # the idle connections hit the header deadline and are closed
+                after = (await client.get(f"http://127.0.0.1:{port}/")).status_code
+            for _, w in idle:
+                w.close()
+            return over, after
+        finally:
+            await server.stop()
+
+    over, after = run(scenario())
+    assert (over, after) == (503, 200)
+
+
+def test_a_replica_that_accepts_and_stays_silent_times_out_before_any_byte():
+    from hbmserve.deployments.relay import FirstByteTimeout
+
+    async def silent(reader, writer):
+        await read_request(reader)
+        await asyncio.sleep(5)
+
+    async def scenario():
+        server, url = await raw_upstream(silent)
+        sent = Collector()
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(FirstByteTimeout):
+                await relay(session, url + "/v1/completions", "POST", {}, b"{}", sent, 0.3, 0.0)
+        server.close()
+        return sent.messages
+
+    assert run(scenario()) == []  # the app answers 504 itself; nothing was sent yet
