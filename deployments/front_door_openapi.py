@@ -13,7 +13,7 @@ from hbmserve.core.config import ClusterSpec
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],
     "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                   "param": {"type": ["string", "null"]}, "code": {}}}}}
+                   "param": {"type": "string", "nullable": True}, "code": {}}}}}
 
 
 def _errors(*statuses: int) -> dict:
@@ -31,7 +31,7 @@ def openapi_document(spec: ClusterSpec) -> dict:
         "n": {"type": "integer", "minimum": 1, "maximum": 4},
         "stream": {"type": "boolean"},
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "top_p": {"type": "number", "minimum": 0.01, "maximum": 1},
     }
     message = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
                "properties": {"role": {"type": "string", "enum": ["system", "user", "assistant"]},

@@ -100,7 +100,8 @@ class ModelAdmission:
                 queue_sequences=share(s.max_num_seqs * (QUEUE_BATCHES + 1)),
                 help_arriving_s=promotion_s if spare else m.autoscaling.startup_s.warm,
                 help_sequences=share(s.max_num_seqs), completion_sequences_per_s=self._pace(now, share(s.max_num_seqs)))
-        active = share(routable * s.max_num_seqs)
+        # At least one replica's batch: an ask as big as a replica can run must fit an idle door.
+        active = max(share(routable * s.max_num_seqs), s.max_num_seqs)
         return ModelCapacity(
             active_sequences=active, in_flight_sequences=self.in_flight_sequences,
             in_flight_tokens=self.in_flight_tokens, max_tokens_in_flight=active * s.max_model_len,
@@ -113,7 +114,16 @@ class ModelAdmission:
     async def enter(self, ask: Ask) -> Ask | Refusal:
         """Admit `ask` (returned as the ticket to `leave` with), possibly after a wait, or refuse."""
         now = self.clock()
-        decision = admit(ask, self.capacity(now), Waiting(tuple(self.waiting)), now)
+        capacity = self.capacity(now)
+        if capacity.active_sequences and (ask.sequences > capacity.active_sequences
+                                          or ask.tokens > capacity.max_tokens_in_flight):
+            # Bigger than the model can ever run at once: queueing would only time out.
+            self.rejected += 1
+            return Refusal(400, f"{self.model.name}: the request needs {ask.sequences} sequences and up to "
+                           f"{ask.tokens} tokens; at most {capacity.active_sequences} and "
+                           f"{capacity.max_tokens_in_flight} fit at once", "invalid_request_error",
+                           "request_too_large")
+        decision = admit(ask, capacity, Waiting(tuple(self.waiting)), now)
         if isinstance(decision, Reject):
             self.rejected += 1
             return Refusal(429, f"{self.model.name}: {decision.reason}", "rate_limit_error", decision.code,

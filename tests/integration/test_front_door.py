@@ -63,7 +63,11 @@ def cluster(tmp_path_factory):
         c.wait_for_nodes(timeout=60)
         rc.connect(c.address)
         spec = _spec(keys, admin)
-        endpoints = rc.deploy(spec)
+        endpoints = rc.deploy(spec)  # returns once every model has a replica the front door reaches
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+                {t.model: t.routable for t in d.models} == {"sim-a": 2, "sim-b": 1} for d in _doors()):
+            time.sleep(0.5)  # the rest of the replicas
         yield {"cluster": c, "workers": workers, "spec": spec, "url": endpoints["sim-a"], "keys": keys}
     finally:
         try:
@@ -244,6 +248,7 @@ def test_fuzzing_the_openapi_surface_finds_no_server_error(cluster):
     alike, bounded: no 5xx. Runs before the fault tests below (they break replicas on purpose)."""
     import schemathesis
     from hypothesis import HealthCheck, given, settings
+    from hypothesis.errors import Unsatisfiable
 
     url = cluster["url"]
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=ADMIN_H)
@@ -262,7 +267,10 @@ def test_fuzzing_the_openapi_surface_finds_no_server_error(cluster):
                 if r.status_code >= 500:
                     errors.append(f"{case.method} {case.formatted_path} -> {r.status_code}: {r.text[:200]}")
 
-            call()
+            try:
+                call()
+            except Unsatisfiable:
+                pass  # nothing to make invalid (e.g. GET /health has no parameters)
     print(f"schemathesis: sent {sent}, statuses {dict(sorted(statuses.items()))}, 5xx {len(errors)}")
     assert sent >= 100 and not errors, errors[:5]
 
@@ -279,8 +287,37 @@ def test_front_door_memory_stays_bounded_through_attack_overload_and_fuzzing(clu
     assert all(g < 64 for g in grown.values()), grown
 
 
+def _routable(door_url: str, model: str) -> int:
+    info = httpx.get(f"{door_url}/hbm/info", headers=ADMIN_H, timeout=10).json()
+    return next(t["routable"] for t in info["models"] if t["model"] == model)
+
+
+def test_worker_node_removed_the_service_answers_at_once(cluster):
+    c = cluster["cluster"]
+    head_door = next(d for d in _doors() if d.node_id == c.head_node.node_id)
+    assert _routable(head_door.own_url, "sim-a") == 2
+    on_workers = {w.node_id: w for w in cluster["workers"]}
+    victim = next((on_workers[n["NodeID"]] for n in ray.nodes() if n["Alive"] and n["NodeID"] in on_workers
+                   and any(r.replica.startswith(n["NodeID"][:8]) for r in _replicas("sim-a").values())), None)
+    assert victim is not None, "no sim-a replica on a worker node"
+    c.remove_node(victim)
+    t0, codes, first_error = time.monotonic(), [], None
+    with httpx.Client(timeout=30) as client:
+        while time.monotonic() - t0 < 5:
+            r = _complete(head_door.own_url, client=client)
+            codes.append(r.status_code)
+            first_error = first_error or (r.text if r.status_code != 200 else None)
+    print(f"node removed: sent {len(codes)} in the next 5 s, accepted {codes.count(200)}, "
+          f"lost {len(codes) - codes.count(200)}")
+    assert codes and codes == [200] * len(codes), first_error
+
+
 def test_replica_killed_mid_stream_ends_the_stream_with_an_error_event(cluster):
     url = cluster["url"]
+    deadline = time.monotonic() + 90  # Serve replaces the replica lost with the node above
+    while _routable(url, "sim-a") < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _routable(url, "sim-a") == 2
     body = {"model": "sim-a", "prompt": "a long answer", "max_tokens": 1500, "stream": True}
     lines = []
     with httpx.Client(timeout=60) as c, c.stream("POST", f"{url}/v1/completions", headers=A, json=body) as r:
@@ -300,31 +337,3 @@ def test_replica_killed_mid_stream_ends_the_stream_with_an_error_event(cluster):
     print(f"replica killed: sent 24 after the kill, accepted {codes.count(200)}, lost {24 - codes.count(200)}; "
           f"retried {sum(t.retried for d in _doors() for t in d.models if t.model == 'sim-a')}")
     assert codes == [200] * 24
-
-
-def _routable(door_url: str, model: str) -> int:
-    info = httpx.get(f"{door_url}/hbm/info", headers=ADMIN_H, timeout=10).json()
-    return next(t["routable"] for t in info["models"] if t["model"] == model)
-
-
-def test_worker_node_removed_the_service_answers_at_once(cluster):
-    c = cluster["cluster"]
-    head_door = next(d for d in _doors() if d.node_id == c.head_node.node_id)
-    deadline = time.monotonic() + 60  # Serve restarts the replica killed above; wait for both
-    while _routable(head_door.own_url, "sim-a") < 2 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _routable(head_door.own_url, "sim-a") == 2
-    on_workers = {w.node_id: w for w in cluster["workers"]}
-    victim = next((on_workers[n["NodeID"]] for n in ray.nodes() if n["Alive"] and n["NodeID"] in on_workers
-                   and any(r.replica.startswith(n["NodeID"][:8]) for r in _replicas("sim-a").values())), None)
-    assert victim is not None, "no sim-a replica on a worker node"
-    c.remove_node(victim)
-    t0, codes, first_error = time.monotonic(), [], None
-    with httpx.Client(timeout=30) as client:
-        while time.monotonic() - t0 < 5:
-            r = _complete(head_door.own_url, client=client)
-            codes.append(r.status_code)
-            first_error = first_error or (r.text if r.status_code != 200 else None)
-    print(f"node removed: sent {len(codes)} in the next 5 s, accepted {codes.count(200)}, "
-          f"lost {len(codes) - codes.count(200)}")
-    assert codes and codes == [200] * len(codes), first_error
