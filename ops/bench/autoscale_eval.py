@@ -142,7 +142,7 @@ def main() -> None:
     if unknown:
         ap.error(f"--variants: unknown {', '.join(unknown)}")
     cluster = load_eval_cluster()
-    report: dict[str, Any] = {"cluster": cluster.source, "startup_s": {t.value: v for t, v in cluster.startup_s.items()},
+    report: dict[str, Any] = {"cluster": cluster.source, "startup_s": cluster.model.autoscaling.startup_s.model_dump(),
                               "cases": [], "skipped": []}
     lines: list[str] = []
     t0 = time.perf_counter()
