@@ -250,6 +250,9 @@ class ModelSpec(_Strict):
     engine_settings: EngineSettings = EngineSettings()
     parallelism: Parallelism = Parallelism()
     replicas: Annotated[int, Field(ge=0)] = 1
+    # At most this many replicas on one node (Serve's max_replicas_per_node): 1 spreads them, so
+    # a lost node takes one replica, not all. Unset: Serve decides.
+    max_replicas_per_node: Annotated[int, Field(ge=1)] | None = None
     autoscaling: AutoscalingSpec | None = None
     slo: SLO = SLO()
     hardware: Hardware = Hardware()

@@ -231,5 +231,6 @@ def build_model_app(spec: ClusterSpec, model: ModelSpec, internal_token: str):
         # Past this Serve kills the replica; the replica's own drain must finish first.
         graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S + 10,
         **scaling_options(model),
+        **({"max_replicas_per_node": model.max_replicas_per_node} if model.max_replicas_per_node else {}),
     )
     return deployment.bind(model.model_dump_json(), spec.serve.http.host, internal_token)

@@ -40,7 +40,7 @@ def _spec(keys_file, admin_file):
                            "max_body_bytes": 65536},
                   "auth": {"keys_file": str(keys_file), "admin_token_file": str(admin_file)}},
         "models": [
-            {"name": "sim-a", "source": "sim", "engine": "sim", "replicas": 2, "sim": SIM,
+            {"name": "sim-a", "source": "sim", "engine": "sim", "replicas": 2, "sim": SIM, "max_replicas_per_node": 1,
              "engine_settings": {"max_model_len": 2048, "max_num_seqs": 4}},
             {"name": "sim-b", "source": "sim", "engine": "sim", "replicas": 1, "sim": SIM,
              "engine_settings": {"max_model_len": 2048, "max_num_seqs": 4}},
@@ -65,9 +65,10 @@ def cluster(tmp_path_factory):
         spec = _spec(keys, admin)
         endpoints = rc.deploy(spec)  # returns once every model has a replica the front door reaches
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all(
-                {t.model: t.routable for t in d.models} == {"sim-a": 2, "sim-b": 1} for d in _doors()):
-            time.sleep(0.5)  # the rest of the replicas
+        while time.monotonic() < deadline and not (
+                all({t.model: t.routable for t in d.models} == {"sim-a": 2, "sim-b": 1} for d in _doors())
+                and [m.replicas for m in rc.status()] == [{"RUNNING": 2}, {"RUNNING": 1}]):
+            time.sleep(0.5)  # the rest of the replicas, reachable and RUNNING for Serve
         yield {"cluster": c, "workers": workers, "spec": spec, "url": endpoints["sim-a"], "keys": keys}
     finally:
         try:
