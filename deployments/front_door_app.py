@@ -244,7 +244,6 @@ class FrontDoorApp:
                 break
             tried.append(replica.endpoint.replica)
             replica.sent_since_poll += 1
-            replica.in_flight += 1
             replica.remember(route.prefix_hashes)
             try:
                 await relay(self.session_of(), replica.endpoint.url + suffix, scope["method"], headers, raw, send,
@@ -261,8 +260,6 @@ class FrontDoorApp:
                 await _send_error(send, 504, f"replica {replica.endpoint.replica} of {model} sent nothing within "
                                   f"{self.limits.first_byte_timeout_s:g}s", "server_error", "upstream_timeout")
                 return
-            finally:
-                replica.in_flight -= 1
         status = 503 if not tried else 502
         await _send_error(send, status, f"{model}: {failure}", "server_error",
                           "no_replica" if status == 503 else "replica_failed", retry_after=1)

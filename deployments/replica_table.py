@@ -44,7 +44,6 @@ class KnownReplica:
     running: int = 0
     kv_usage: float = 0.0
     sent_since_poll: int = 0
-    in_flight: int = 0  # this front door's requests there now
     prefixes: OrderedDict[int, None] = field(default_factory=OrderedDict)
 
     def remember(self, hashes: tuple[int, ...]) -> None:
