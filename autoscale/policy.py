@@ -199,7 +199,7 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
     signals = read_signals(snapshot, config, state)
     needs = needs_of(signals, config)
     outcome = apply_hysteresis(wish(needs, signals, config), signals, state, config)
-    pool = pool_for(signals, config, outcome.pool_at)
+    pool = pool_for(signals, config, outcome.target)
     decision = ScaleDecision(
         target_active=outcome.target,
         target_standby={Tier.HOT: pool.hot, Tier.WARM: pool.warm, Tier.COLD: 0},

@@ -215,8 +215,6 @@ class Outcome:
     target: int  # active replicas
     action: str  # what was done and why, the head of the reason
     state: PolicyState
-    pool_at: int  # active count the standby pool is sized for (below `target` while a
-    #               scale-down keeps replicas until the pool is ready)
 
 
 def apply_hysteresis(wanted: Wish, signals: Signals, state: PolicyState,
@@ -229,15 +227,14 @@ def apply_hysteresis(wanted: Wish, signals: Signals, state: PolicyState,
     if current > config.max_replicas:
         target = config.max_replicas
         return Outcome(target, f"down {current}→{target} (max_replicas)",
-                       replace(base, target_active=target, last_scale_down_at=now), target)
+                       replace(base, target_active=target, last_scale_down_at=now))
     if wanted.up > current:
         return _toward_up(wanted, signals, state, base, config)
     down_to = max(wanted.down, signals.floor)
     if wanted.slack and down_to < current:
         return _toward_down(down_to, signals, state, base, config)
     why = "symptoms not slack" if not wanted.slack and wanted.down < current else "within band"
-    return Outcome(current, f"hold {current} ({why})", replace(base, target_active=current),
-                   current)
+    return Outcome(current, f"hold {current} ({why})", replace(base, target_active=current))
 
 
 def _toward_up(wanted: Wish, signals: Signals, state: PolicyState, base: PolicyState,
@@ -249,7 +246,7 @@ def _toward_up(wanted: Wish, signals: Signals, state: PolicyState, base: PolicyS
     if not urgent and now - since < delay:
         return Outcome(current, f"hold {current}, up to {wanted.up} pending "
                                 f"({now - since:.1f}/{delay:g}s)",
-                       replace(base, target_active=current, up_since=since), current)
+                       replace(base, target_active=current, up_since=since))
     target = wanted.up
     plan = promotions(load.active + load.starting, load.standby, signals.warm_ready, target)
     tiers = ", ".join(f"{n} {t.value}" for t, n in plan.items()) or "already starting"
@@ -262,7 +259,7 @@ def _toward_up(wanted: Wish, signals: Signals, state: PolicyState, base: PolicyS
     slowest = max((config.startup_s[t] for t in plan), default=0.0)
     return Outcome(target, f"up {current}→{target} ({tiers}){why}",
                    replace(base, target_active=target, last_scale_up_at=now,
-                           latency_blind_until=now + slowest + config.look_back_s), target)
+                           latency_blind_until=now + slowest + config.look_back_s))
 
 
 def _toward_down(down_to: int, signals: Signals, state: PolicyState, base: PolicyState,
@@ -278,26 +275,15 @@ def _toward_down(down_to: int, signals: Signals, state: PolicyState, base: Polic
     waited = now - since >= delay
     cooled = (state.last_scale_up_at is None
               or now - state.last_scale_up_at >= config.downscale_cooldown_s)
-    # A hot standby is rebuilt from scratch (a cold start's worth of preparation), while
-    # an active replica about to go is already the faster thing: keep as many as the pool
-    # still lacks until it is ready, so a step coming back in that gap finds them.
-    missing = max(0, pool_for(signals, config, down_floor).hot - signals.load.standby)
-    keep = min(current, down_floor + missing)
-    if waited and cooled and keep < current:
-        lingering = keep > down_floor
-        kept = f", {keep - down_floor} kept until the pool is ready" if lingering else ""
-        return Outcome(keep, f"down {current}→{keep} (slack for {now - since:.0f}s{kept})",
-                       replace(base, target_active=keep, last_scale_down_at=now,
-                               down_since=since if lingering else None,
-                               down_floor=down_floor if lingering else 0), down_floor)
     if waited and cooled:
-        why, pool_at = f"{missing} hot standby(s) not ready", down_floor
-    else:
-        why = "cool-down after scale-up" if waited else f"{now - since:.0f}/{delay:g}s"
-        pool_at = current
+        # The surplus actives are not lost: as many as the hot pool lacks are demoted into it
+        # (live: roles.assign_roles, Serve keeps active + hot running; the simulator: scale_down),
+        # engines loaded, promotable at once. So nothing needs to linger as active.
+        return Outcome(down_floor, f"down {current}→{down_floor} (slack for {now - since:.0f}s)",
+                       replace(base, target_active=down_floor, last_scale_down_at=now))
+    why = "cool-down after scale-up" if waited else f"{now - since:.0f}/{delay:g}s"
     return Outcome(current, f"hold {current}, down to {down_floor} pending ({why})",
-                   replace(base, target_active=current, down_since=since, down_floor=down_floor),
-                   pool_at)
+                   replace(base, target_active=current, down_since=since, down_floor=down_floor))
 
 
 def explain(outcome: Outcome, signals: Signals, needs: Needs, pool: PoolSizing,

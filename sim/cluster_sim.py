@@ -255,7 +255,8 @@ class _Run:
         if want > len(up):
             self.scale_up(want - len(up), now, startup)
         elif want < len(up):
-            self.scale_down(len(up) - want, now, up)
+            hot = sum(1 for r in self.replicas if r.state is ReplicaState.STANDBY and r.tier is Tier.HOT)
+            self.scale_down(len(up) - want, now, up, demote=d.target_standby.get(Tier.HOT, 0) - hot)
         for tier, n in d.target_standby.items():
             if tier is Tier.COLD:
                 continue  # nothing to keep for a cold tier: it is provisioned on demand
@@ -264,7 +265,7 @@ class _Run:
                 prep = max(0.0, startup[Tier.COLD] - startup[tier])
                 self.new_replica(ReplicaState.STANDBY, now, now + prep, tier)
             for r in sorted(have, key=lambda r: -r.created)[: max(0, len(have) - n)]:
-                self.remove(r, now)
+                self.retire(r, now)
 
     def scale_up(self, n: int, now: float, startup: Mapping[Tier, float]) -> None:
         standby = sorted((r for r in self.replicas if r.state is ReplicaState.STANDBY),
@@ -277,9 +278,11 @@ class _Run:
         for _ in range(n - min(n, len(standby))):
             self.new_replica(ReplicaState.STARTING, now, now + startup[Tier.COLD], Tier.COLD)
 
-    def scale_down(self, n: int, now: float, up: list[_Replica]) -> None:
+    def scale_down(self, n: int, now: float, up: list[_Replica], demote: int) -> None:
         """The rule the live roles demote by (autoscale/roles.py scale_down_victims): starts
-        cancelled first, then the least-loaded actives drain, newest first among equals."""
+        cancelled first, then the least-loaded actives leave, newest first among equals. Up to
+        `demote` of them become hot standbys, as live (Serve keeps active + hot running): they
+        take no new requests and finish what they hold. The rest drain and are removed."""
         by_id = {r.rid: r for r in up}
         candidates = [VictimCandidate(r.rid, r.engine.num_waiting + r.engine.num_running, r.seq,
                                       serving=r.state is ReplicaState.ACTIVE) for r in up]
@@ -288,10 +291,18 @@ class _Run:
             if r.state is ReplicaState.STARTING:
                 self.remove(r, now)
                 continue
-            r.state = ReplicaState.DRAINING
             self.active.remove(r)
-            if not r.engine.has_work() and r.plan is None:
-                self.remove(r, now)
+            if demote > 0:
+                demote -= 1
+                r.state, r.tier = ReplicaState.STANDBY, Tier.HOT
+                continue
+            self.retire(r, now)
+
+    def retire(self, r: _Replica, now: float) -> None:
+        """Out of service: removed now if idle, else drained (a demoted standby can hold work)."""
+        r.state = ReplicaState.DRAINING
+        if not r.engine.has_work() and r.plan is None:
+            self.remove(r, now)
 
     def on_ready(self, rep: _Replica, now: float) -> None:
         if rep.state is ReplicaState.STARTING:

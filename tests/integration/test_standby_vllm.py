@@ -81,7 +81,6 @@ def _burst_until_both_active(url: str, wait_for) -> tuple[list[int], dict]:
                 return results, promoted
 
 
-@pytest.mark.xfail(reason="regression found at the end of the session that brought the front door: after a burst, idle scale-down does not happen within the test window (target stays at the burst level); the scale-up and every request completing still hold. Tracked in the closing note of issue 10.", strict=False)
 def test_promote_demote_promote_with_vllm_cpu(standby, wait_for):
     url = standby
     rest = wait_for(lambda m: _roles(m) == ["active", "standby"], timeout_s=240)

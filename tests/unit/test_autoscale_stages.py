@@ -188,7 +188,7 @@ def test_a_target_over_max_replicas_comes_down_at_once():
     cfg = replace(CFG, max_replicas=6)
     state = PolicyState(target_active=10, up_since=1.0, latency_blind_until=99.0)
     out = apply_hysteresis(Wish(up=6, down=1, slack=True, symptom=True), at(5.0, 10), state, cfg)
-    assert (out.target, out.pool_at, out.action) == (6, 6, "down 10→6 (max_replicas)")
+    assert (out.target, out.action) == (6, "down 10→6 (max_replicas)")
     assert out.state.last_scale_down_at == 5.0 and out.state.up_since is None
     assert out.state.latency_blind_until == 99.0  # untouched
 
@@ -258,18 +258,17 @@ def test_scale_to_zero_has_its_own_delay():
     assert (out.target, out.action) == (0, "down 1→0 (slack for 10s)")
 
 
-def test_a_scale_down_keeps_the_actives_the_hot_pool_still_lacks():
+def test_a_scale_down_goes_straight_to_the_need_even_when_the_hot_pool_lacks_standbys():
+    """The surplus actives become the hot pool's standbys (demoted, engines loaded), so none
+    lingers as active waiting for a pool to be built. Keeping them active deadlocked live
+    where active + hot hit max_replicas: the pool could never fill, so it never went down."""
     cfg = replace(CFG, downscale_delay_s=0.0, hot_standby_min=2)
     s = at(0.0, 6)
     assert pool_for(s, cfg, 1).hot == 2 and s.load.standby == 0  # 2 standbys missing
     out = apply_hysteresis(Wish(up=1, down=1, slack=True, symptom=False), s,
                            PolicyState(target_active=6), cfg)
-    assert (out.target, out.pool_at) == (3, 1)  # 1 needed + 2 until the standbys are ready
-    assert out.action == "down 6→3 (slack for 0s, 2 kept until the pool is ready)"
-    assert (out.state.down_since, out.state.down_floor) == (0.0, 1)  # still on its way to 1
-    out = apply_hysteresis(Wish(up=1, down=1, slack=True, symptom=False), at(1.0, 3), out.state,
-                           cfg)
-    assert out.target == 3 and "(2 hot standby(s) not ready)" in out.action and out.pool_at == 1
+    assert (out.target, out.action) == (1, "down 6→1 (slack for 0s)")
+    assert (out.state.down_since, out.state.down_floor, out.state.last_scale_down_at) == (None, 0, 0.0)
 
 
 def test_a_hold_clears_the_timers_and_keeps_the_rest_of_the_state():
@@ -297,7 +296,7 @@ def test_explain_leads_with_the_action_and_names_each_need_and_the_refill():
     s = signals(cfg, active=2, waiting=10, running=2, rate=3.0)
     n = needs_of(s, cfg)
     out = apply_hysteresis(wish(n, s, cfg), s, PolicyState(), replace(cfg, upscale_delay_s=0.0))
-    text = explain(out, s, n, pool_for(s, cfg, out.pool_at), cfg)
+    text = explain(out, s, n, pool_for(s, cfg, out.target), cfg)
     assert text.startswith("up 2→5 (3 cold): rate 3.00 rps")
     assert "(need 4 at 0.80 rps/replica)" in text and "queue 10.0/replica vs 4 (need 5)" in text
     assert "no p95 TTFT (need 0)" in text and "TPOT not a signal (need 0)" in text
@@ -310,7 +309,7 @@ def test_decide_is_the_stages_in_order():
     s = read_signals(sn, CFG, PolicyState())
     n = needs_of(s, CFG)
     out = apply_hysteresis(wish(n, s, CFG), s, PolicyState(), CFG)
-    pool = pool_for(s, CFG, out.pool_at)
+    pool = pool_for(s, CFG, out.target)
     assert d.target_active == out.target and state == out.state
     assert d.target_standby == {Tier.HOT: pool.hot, Tier.WARM: pool.warm, Tier.COLD: 0}
     assert d.reason == explain(out, s, n, pool, CFG)

@@ -81,17 +81,16 @@ def _snap(now: float, active: int, standby: int, rate: float) -> Snapshot:
                     arrival_rate_rps=rate)
 
 
-def test_scale_down_keeps_actives_until_the_pool_they_replace_is_ready():
+def test_scale_down_demotes_surplus_actives_into_the_pool_they_fill():
     cfg = AutoscaleConfig(replica_capacity_rps=10.0, downscale_delay_s=0.0,
-                          downscale_cooldown_s=0.0)
+                          downscale_cooldown_s=0.0, max_replicas=3)
     stepped = RateTrend(level=5.0, baseline=5.0, slope=0.0, variance=0.0, at=0.0,
                         surge_level=25.0, surge_count=1.0, exposure_s=1000.0, z=1.0)
-    state = PolicyState(target_active=4, trend=stepped)
-    d, state = decide(_snap(1.0, 4, 0, 5.0), cfg, state)
-    # 5 rps needs 1 replica; the pool wants 2 hot standbys, none ready: keep 1 + 2 active.
-    assert d.target_standby[Tier.HOT] == 2
-    assert d.target_active == 3 and "kept until the pool is ready" in d.reason
-    d, state = decide(_snap(2.0, 3, 0, 5.0), cfg, state)
-    assert d.target_active == 3 and "not ready" in d.reason
-    d, state = decide(_snap(3.0, 3, 2, 5.0), cfg, state)
-    assert d.target_active == 1 and d.target_standby[Tier.HOT] == 2
+    state = PolicyState(target_active=3, trend=stepped)
+    d, state = decide(_snap(1.0, 3, 0, 5.0), cfg, state)
+    # 5 rps needs 1 replica; the pool wants 2 hot standbys and the 2 surplus actives are them:
+    # down to 1 at once, with Serve's count (active + hot) still 3, even at max_replicas.
+    assert (d.target_active, d.target_standby[Tier.HOT]) == (1, 2), d.reason
+    assert d.reason.startswith("down 3→1")
+    d, state = decide(_snap(2.0, 1, 2, 5.0), cfg, state)
+    assert (d.target_active, d.target_standby[Tier.HOT]) == (1, 2), d.reason

@@ -155,3 +155,21 @@ def test_scale_down_drains_by_the_same_rule_the_live_roles_demote_by(monkeypatch
     live = roles.assign_roles(set(order), order, set(order), target_active=1,
                               in_flight={c.replica_id: c.in_flight for c in sim_candidates})
     assert len(calls) == 2 and set(live.demoted) == set(sim_picked)
+
+
+def test_a_scale_down_demotes_into_the_hot_pool_instead_of_building_a_new_standby():
+    """As live, where Serve keeps active + hot running and the roles demote the surplus: the
+    replicas scaled down become the hot standbys, finish what they held, and are promoted
+    again after the hot delay. No replica is started for the pool."""
+    def pol(snapshot: Snapshot, state):
+        down = 30.0 <= snapshot.now < 60.0
+        return ScaleDecision(1 if down else 3, {Tier.HOT: 2 if down else 0}, "scripted"), state
+
+    res = simulate(cluster(3), LOAD, PolicyBinding(pol, None, 10.0, 30.0, STARTUP))
+    s, ts = res.summary, res.timeseries
+    t, active, standby, draining = ts["t_s"], ts["active"], ts["standby"], ts["draining"]
+    assert s.finished == len(LOAD) and s.unfinished == 0  # the demoted ones finished their work
+    assert len(res.replicas) == 3 and s.peak_replicas == 3  # the pool was filled by demotion
+    assert standby[(t > 30) & (t < 60)].min() == 2 and active[(t > 30) & (t < 60)].max() == 1
+    assert draining.max() == 0
+    assert active[(t > 66) & (t < 100)].min() == 3  # promoted back after the 5 s hot delay
