@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hbmserve.core.config import EngineKind, ModelSpec
+from hbmserve.core.config import ModelSpec
+from hbmserve.core.engine_settings import EngineKind
 
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import GpuProfile, get_gpu

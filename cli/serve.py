@@ -15,7 +15,8 @@ import typer
 from rich.console import Console
 
 from hbmserve.cluster.checks import load_deployable
-from hbmserve.core.config import ClusterSpec, ConfigError, EngineKind
+from hbmserve.core.config import ClusterSpec, ConfigError
+from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.scaling import ReplicaState
 
 err = Console(stderr=True)

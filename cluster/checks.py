@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-from hbmserve.core.config import ClusterSpec, ConfigError, EngineKind, load_cluster_spec
+from hbmserve.core.config import ClusterSpec, ConfigError, load_cluster_spec
+from hbmserve.core.engine_settings import EngineKind
 from hbmserve.placement.cluster_file import TopologyFileError, load_cluster_file
 
 _VLLM_ENGINES = (EngineKind.VLLM_CPU, EngineKind.VLLM_GPU)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hbmserve.core.config import EngineKind, ModelSpec
+from hbmserve.core.config import ModelSpec
+from hbmserve.core.engine_settings import EngineKind
 
 _QUANT_TO_VLLM = {"fp8": "fp8", "int8": "bitsandbytes", "int4": "bitsandbytes", "awq": "awq", "gptq": "gptq"}
 

@@ -18,7 +18,8 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from hbmserve.core.config import EngineKind, ModelSpec
+from hbmserve.core.config import ModelSpec
+from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.records import PlacementReport, ReplicaInfo
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.deployments.serve_app import EngineReplica, actor_options

@@ -16,7 +16,8 @@ import os
 import time
 from typing import Callable
 
-from hbmserve.core.config import ClusterSpec, EngineKind, ModelSpec
+from hbmserve.core.config import ClusterSpec, ModelSpec
+from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.records import ReplicaEndpoint, ReplicaInfo
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.admission import AdmissionBudget

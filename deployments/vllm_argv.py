@@ -21,7 +21,7 @@ import json
 import re
 from typing import Any, Callable
 
-from hbmserve.core.config import vllm_arg_refusal
+from hbmserve.core.engine_settings import vllm_arg_refusal
 from hbmserve.deployments.engine_args import EngineLaunch
 
 # What vLLM's own start-up checks raise, besides its VLLMError family (a chat template that is

@@ -8,13 +8,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from hbmserve.core.config import (
-    ClusterSpec,
-    ConfigError,
-    EngineKind,
-    load_cluster_spec,
-    parse_cluster_spec,
-)
+from hbmserve.core.config import ClusterSpec, ConfigError, load_cluster_spec, parse_cluster_spec
+from hbmserve.core.engine_settings import EngineKind
 from hbmserve.cli.serve import register
 
 

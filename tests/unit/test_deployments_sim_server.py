@@ -433,7 +433,8 @@ def test_stop_lets_a_running_stream_finish_and_tpot_is_sampled():
 # ---- registration in the Serve app ----
 
 def test_sim_engine_is_registered_without_cpu_or_gpu_reservation():
-    from hbmserve.core.config import EngineKind, parse_cluster_spec
+    from hbmserve.core.config import parse_cluster_spec
+    from hbmserve.core.engine_settings import EngineKind
     from hbmserve.deployments.serve_app import ENGINE_SERVERS, actor_options, unsupported_engines
 
     server = ENGINE_SERVERS[EngineKind.SIM](spec(), "127.0.0.1", "token")

@@ -16,7 +16,8 @@ import typing
 
 import pytest
 
-from hbmserve.core.config import EngineKind, ModelSpec
+from hbmserve.core.config import ModelSpec
+from hbmserve.core.engine_settings import EngineKind
 from hbmserve.deployments.engine_server import EngineServer
 from hbmserve.deployments.replica_middleware import LoadCounters
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad

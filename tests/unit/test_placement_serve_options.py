@@ -9,7 +9,8 @@ import pytest
 
 import hbmserve.placement as placement_pkg
 from hbmserve.cluster.checks import load_deployable
-from hbmserve.core.config import ConfigError, EngineKind, load_cluster_spec, parse_cluster_spec
+from hbmserve.core.config import ConfigError, load_cluster_spec, parse_cluster_spec
+from hbmserve.core.engine_settings import EngineKind
 from hbmserve.deployments.placed_app import (
     deployment_name,
     deployment_options,
