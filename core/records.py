@@ -7,8 +7,9 @@
   Read by the front doors.
 * `DoorEndpoint`: a front door's announcement, renewed while it lives. Read by the front doors.
 * `LoadReport`: a replica's load, which the front doors poll to route.
-* `HeldCount`: requests one front door holds for a model with no active replica, renewed while
-  it holds them. Read by the autoscaling policy (scale from zero).
+* `IngressDemand`: the demand one front door sees for a model that the replicas do not: requests
+  it holds (no active replica, or a burst) and the rate it refuses for want of capacity. Renewed
+  while nonzero; read by the autoscaling policy.
 * `ReplicaInfo`: what an engine replica reports about itself (its `info()` over a Serve handle),
   with a `PlacementReport` when the replica was placed by the planner. Read by `hbmserve status`.
 * `IngressInfo`: the same for a front door.
@@ -113,6 +114,8 @@ class DecisionRecord(Record):
     standby_replicas: tuple[str, ...]  # running, engine loaded, out of rotation
     # Requests the front doors held when the policy decided (added with scale to zero).
     held_at_ingress: int = 0
+    # Requests/s the front doors refused for capacity, counted as arrivals (added with it).
+    refused_rps_at_ingress: float = 0.0
     # Start-up seconds per tier the policy planned with; WARM is what the replicas measured.
     # Added with measured start-up.
     startup_s: Mapping[Tier, float] = field(default_factory=dict)
@@ -222,10 +225,13 @@ class DoorEndpoint(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class HeldCount(Record):
-    """Requests one front door holds for a model that has no active replica."""
+class IngressDemand(Record):
+    """Demand at one front door (or summed over all of them) that never reached a replica."""
 
-    held: int
+    held: int  # requests queued at the door, waiting for a replica
+    # Requests/s refused for capacity (429 queue full or SLO unreachable, 503 waited too long)
+    # over the last 30 s. Tenant rate limits, auth and malformed requests are not demand.
+    refused_rps: float = 0.0
     at: float  # wall clock of the last renewal
 
 

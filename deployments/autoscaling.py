@@ -36,9 +36,9 @@ from typing import Any, Collection, Iterable
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
 from hbmserve.autoscale.roles import age_order, assign_roles, current_active
 from hbmserve.autoscale.signals import p95
-from hbmserve.core.records import DecisionRecord, RecordError
+from hbmserve.core.records import DecisionRecord, IngressDemand, RecordError
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot, Tier
-from hbmserve.deployments.records_store import DecisionLog, held_at_ingress
+from hbmserve.deployments.records_store import DecisionLog, ingress_demand
 
 STAT_WAITING = "hbm_waiting"
 STAT_RUNNING = "hbm_running"
@@ -96,14 +96,16 @@ def _window(ctx: Any, name: str, replica_id: Any, since: float) -> list[float]:
 
 
 def snapshot_from_context(ctx: Any, look_back_s: float, active: Collection[str] | None = None,
-                          held_at_ingress: int = 0) -> Snapshot:
+                          demand: IngressDemand | None = None) -> Snapshot:
     """Build the policy's view from a Serve AutoscalingContext.
 
     Per replica: the latest reported value of each stat; ACTIVE if in `active` (the roles the
     policy assigned; None: all of them), else a hot STANDBY. Latency samples: every per-replica
     p95 reported inside the look-back window by active replicas (the p95 of those approximates
     the fleet's p95 from above). STARTING: replicas Serve targets but does not yet run.
-    `held_at_ingress`: requests the model's gate holds while no replica serves (gate.py).
+    `demand`: what the front doors saw that no replica did: the requests they hold (queued for
+    a replica) and the rate they refused for capacity, which is added to the arrival rate (the
+    simulator's rate counts every arrival, refused ones included).
     Not ctx.total_queued_requests: hbmserve's requests never pass through Serve handles (the
     replicas serve HTTP themselves), so Serve's handle queue holds only control-plane calls.
     """
@@ -127,11 +129,13 @@ def snapshot_from_context(ctx: Any, look_back_s: float, active: Collection[str] 
             arrival += _latest(ctx, STAT_ARRIVAL_RPS, rid) or 0.0
             ttft.extend(_window(ctx, STAT_TTFT_P95_S, rid, since))
             tpot.extend(_window(ctx, STAT_TPOT_P95_S, rid, since))
+    if demand is not None:
+        arrival += demand.refused_rps
     for i in range(max(0, ctx.target_num_replicas - ctx.current_num_replicas)):
         replicas.append(ReplicaSnapshot(replica_id=f"starting-{i}", state=ReplicaState.STARTING))
     return Snapshot(now=float(now), replicas=tuple(replicas), ttft_samples_s=tuple(ttft),
                     tpot_samples_s=tuple(tpot), arrival_rate_rps=arrival,
-                    pending_at_ingress=held_at_ingress)
+                    pending_at_ingress=demand.held if demand else 0)
 
 
 def serve_target(target_active: int, target_standby: dict[Tier, int]) -> int:
@@ -155,7 +159,7 @@ def with_measured_startup(config: AutoscaleConfig, ctx: Any) -> AutoscaleConfig:
 
 
 def decide_from_context(ctx: Any, config: AutoscaleConfig,
-                        held_at_ingress: int = 0) -> tuple[int, dict[str, Any]]:
+                        demand: IngressDemand | None = None) -> tuple[int, dict[str, Any]]:
     """The whole translation, context in, Serve's answer out; no logging, no I/O."""
     config = with_measured_startup(config, ctx)
     prior_state = ctx.policy_state or {}
@@ -165,7 +169,7 @@ def decide_from_context(ctx: Any, config: AutoscaleConfig,
     running = [_replica_key(r) for r in ctx.running_replicas]
     order = age_order(running, roles.get("order", ()))
     serving = current_active(order, roles.get("active"))
-    snapshot = snapshot_from_context(ctx, config.look_back_s, serving, held_at_ingress)
+    snapshot = snapshot_from_context(ctx, config.look_back_s, serving, demand)
     decision, state = decide(snapshot, config, state)
     # Surplus actives are demoted least-loaded first (roles.scale_down_victims, as the
     # simulator drains them); which replica Serve then stops is Serve's choice (see roles.py).
@@ -184,7 +188,8 @@ def decide_from_context(ctx: Any, config: AutoscaleConfig,
         target_standby=dict(decision.target_standby),
         active_replicas=tuple(assignment.active),
         standby_replicas=tuple(assignment.standby),
-        held_at_ingress=held_at_ingress,
+        held_at_ingress=demand.held if demand else 0,
+        refused_rps_at_ingress=demand.refused_rps if demand else 0.0,
         startup_s=dict(config.startup_s),
         reason=reason,
         serve_target=serve_target(decision.target_active, decision.target_standby),
@@ -215,8 +220,7 @@ class HbmServeAutoscalingPolicy:
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         app, deployment = getattr(ctx, "app_name", None), getattr(ctx, "deployment_name", "?")
-        held = held_at_ingress(app, deployment)
-        target, policy_state = decide_from_context(ctx, self.config, held)
+        target, policy_state = decide_from_context(ctx, self.config, ingress_demand(app, deployment))
         decision = decision_in(policy_state)
         try:
             previous = decision_in(ctx.policy_state)

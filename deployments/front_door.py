@@ -25,7 +25,7 @@ from hbmserve.deployments.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.deployments.front_door_queue import ModelAdmission
 from hbmserve.deployments.hardened_http import HardenedServer, HttpLimits, listen_socket
 from hbmserve.deployments.records_store import (RENEW_S, info_reply, latest_decision, live_doors, live_endpoints,
-                                                 publish_door, publish_held, remove_door)
+                                                 publish_demand, publish_door, remove_door)
 from hbmserve.deployments.replica_table import POLL_S, ReplicaTable
 from hbmserve.deployments.serve_app import engine_deployment_name
 
@@ -55,7 +55,7 @@ class FrontDoor:
         self.app.info_of = lambda: info_reply(self._info())
         self.node_id = ray.get_runtime_context().get_node_id()
         self.holder = f"{self.node_id[:12]}-{id(self):x}"
-        self._held: dict[str, int] = {}
+        self._demand: dict[str, bool] = {}  # model -> demand published nonzero last time
         public, own = listen_socket(http.host, http.port, shared=True), listen_socket(http.host, 0, shared=False)
         self.url = f"http://{http.host}:{http.port}"
         self.own_url = "http://{}:{}".format(*own.getsockname()[:2])
@@ -95,14 +95,15 @@ class FrontDoor:
             gate.pump()
 
     async def _renew(self) -> None:
-        """This front door's announcement, and the requests it holds per model."""
+        """This front door's announcement, and per model the demand no replica sees."""
         door = DoorEndpoint(door=self.holder, node_id=self.node_id, url=self.own_url, at=time.time())
         await asyncio.to_thread(publish_door, door)
         for m in self.spec.models:
-            held = self.admission[m.name].queued
-            if held or self._held.get(m.name):
-                await asyncio.to_thread(publish_held, m.name, engine_deployment_name(m), self.holder, held)
-            self._held[m.name] = held
+            gate = self.admission[m.name]
+            demand = (gate.queued, gate.refused_rps())
+            if any(demand) or self._demand.get(m.name):
+                await asyncio.to_thread(publish_demand, m.name, engine_deployment_name(m), self.holder, *demand)
+            self._demand[m.name] = any(demand)
 
     def _info(self) -> IngressInfo:
         import psutil
@@ -128,9 +129,9 @@ class FrontDoor:
         await asyncio.to_thread(remove_door, DoorEndpoint(door=self.holder, node_id=self.node_id, url=self.own_url,
                                                           at=0.0))
         await self.server.stop()
-        for m in self.spec.models:  # let go of held counts at once rather than at their TTL
-            if self._held.get(m.name):
-                await asyncio.to_thread(publish_held, m.name, engine_deployment_name(m), self.holder, 0)
+        for m in self.spec.models:  # let go of the demand at once rather than at its TTL
+            if self._demand.get(m.name):
+                await asyncio.to_thread(publish_demand, m.name, engine_deployment_name(m), self.holder, 0, 0.0)
         await self.session.close()
 
 

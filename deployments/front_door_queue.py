@@ -66,6 +66,7 @@ class ModelAdmission:
         self._durations: deque[tuple[float, float]] = deque()  # (finished at, seconds admitted)
         self.accepted = 0
         self.rejected = 0
+        self._refused_at: deque[float] = deque()  # capacity refusals: demand the policy must see
 
     # -- the snapshot ----------------------------------------------------------------------
     def _pace(self, now: float, active_sequences: int) -> float | None:
@@ -126,6 +127,7 @@ class ModelAdmission:
         decision = admit(ask, capacity, Waiting(tuple(self.waiting)), now)
         if isinstance(decision, Reject):
             self.rejected += 1
+            self._refused_at.append(now)
             return Refusal(429, f"{self.model.name}: {decision.reason}", "rate_limit_error", decision.code,
                            decision.retry_after_s)
         self.accepted += 1
@@ -171,6 +173,7 @@ class ModelAdmission:
         max_wait = (self.model.autoscaling.scale_from_zero_wait_s if self.model.autoscaling is not None
                     else self.model.slo.ttft_p95_ms / 1000 * 10)
         for gone in expired(Waiting(tuple(self.waiting)), capacity, now, max_wait):
+            self._refused_at.append(now)
             self._unqueue(gone.ask)
             self._resolve(gone.ask, Refusal(503, f"{self.model.name}: {gone.reason}", "service_unavailable",
                                             gone.code, gone.retry_after_s))
@@ -187,3 +190,12 @@ class ModelAdmission:
     @property
     def queued(self) -> int:
         return len(self.waiting)
+
+    def refused_rps(self) -> float:
+        """Requests/s refused for capacity over the last window: arrivals that no replica counts,
+        so the front door reports them to the autoscaler (the request too large to ever run,
+        a tenant over its limits, or a bad key is not demand for more replicas)."""
+        now = self.clock()
+        while self._refused_at and self._refused_at[0] < now - _PACE_WINDOW_S:
+            self._refused_at.popleft()
+        return len(self._refused_at) / _PACE_WINDOW_S

@@ -8,9 +8,10 @@
   (`publish_endpoint`) every few seconds, read by the front doors (`live_endpoints`).
 * Front doors: KV key `door/<door>`, renewed by each front door (`publish_door`), counted by
   every front door (`live_doors`) to split admission capacity.
-* Held counts, the one signal that flows back to the policy: requests a front door holds for a
-  model with no active replica. KV key `held/<app>/<deployment>/<front door>`, renewed by each
-  front door while it holds any (`publish_held`), summed by the policy (`held_at_ingress`).
+* Ingress demand, the one signal that flows back to the policy: requests a front door holds and
+  the rate it refuses for capacity, which no replica sees. KV key
+  `demand/<app>/<deployment>/<front door>`, renewed by each front door while nonzero
+  (`publish_demand`), summed by the policy (`ingress_demand`).
   Renewed records carry the writer's wall clock; a reader ignores, and deletes, those older than
   their time to live, so a component that dies cannot pin a count or an address for long.
 * `ReplicaInfo` / `IngressInfo`: what an engine replica's or front door's `info()` answers over
@@ -28,7 +29,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hbmserve.core.records import (DecisionRecord, DoorEndpoint, HeldCount, IngressInfo, RecordError, ReplicaEndpoint,
+from hbmserve.core.records import (DecisionRecord, DoorEndpoint, IngressDemand, IngressInfo, RecordError, ReplicaEndpoint,
                                    ReplicaInfo)
 
 KV_NAMESPACE = "hbmserve"
@@ -38,8 +39,8 @@ def _decision_key(app: str | None, deployment: str) -> str:
     return f"autoscale/{app or '-'}/{deployment}"
 
 
-def _held_key(app: str | None, deployment: str, holder: str = "") -> str:
-    return f"held/{app or '-'}/{deployment}/{holder}"
+def _demand_key(app: str | None, deployment: str, holder: str = "") -> str:
+    return f"demand/{app or '-'}/{deployment}/{holder}"
 
 
 def _endpoint_key(ep: ReplicaEndpoint) -> str:
@@ -58,6 +59,7 @@ _GAUGES = {
     "hbmserve_autoscale_active_replicas": "Replicas assigned traffic",
     "hbmserve_autoscale_standby_replicas": "Hot standbys: loaded, out of rotation",
     "hbmserve_autoscale_held_requests": "Requests the front doors hold for lack of an active replica",
+    "hbmserve_autoscale_refused_rps": "Requests/s the front doors refuse for capacity, counted as demand",
 }
 
 
@@ -79,6 +81,7 @@ class DecisionLog:
             "hbmserve_autoscale_active_replicas": len(decision.active_replicas),
             "hbmserve_autoscale_standby_replicas": len(decision.standby_replicas),
             "hbmserve_autoscale_held_requests": decision.held_at_ingress,
+            "hbmserve_autoscale_refused_rps": decision.refused_rps_at_ingress,
         }
         tags = {"application": app or "-", "deployment": deployment}
         for name, description in _GAUGES.items():
@@ -145,20 +148,21 @@ def live_doors(now: float | None = None) -> list[DoorEndpoint]:
     return _fresh_records("door/", DoorEndpoint, TTL_S, time.time() if now is None else now)
 
 
-def publish_held(app: str | None, deployment: str, holder: str, held: int) -> None:
-    """Called by a front door while it holds requests for a model (and once with 0 after)."""
-    record = HeldCount(held=int(held), at=time.time())
-    _kv()._internal_kv_put(_held_key(app, deployment, holder), record.to_json(), overwrite=True,
+def publish_demand(app: str | None, deployment: str, holder: str, held: int, refused_rps: float) -> None:
+    """Called by a front door while it holds or refuses requests for a model (and once with 0s after)."""
+    record = IngressDemand(held=int(held), refused_rps=float(refused_rps), at=time.time())
+    _kv()._internal_kv_put(_demand_key(app, deployment, holder), record.to_json(), overwrite=True,
                            namespace=KV_NAMESPACE)
 
 
-def held_at_ingress(app: str | None, deployment: str, now: float | None = None) -> int:
-    """Requests the front doors hold for the model now; 0 outside a Ray cluster. Counts not
+def ingress_demand(app: str | None, deployment: str, now: float | None = None) -> IngressDemand:
+    """The model's demand at all front doors now, summed; none outside a Ray cluster. Records not
     renewed within TTL_S (a front door that died) are dropped."""
+    now = time.time() if now is None else now
     if not _kv()._internal_kv_initialized():
-        return 0
-    counts = _fresh_records(_held_key(app, deployment), HeldCount, TTL_S, time.time() if now is None else now)
-    return sum(c.held for c in counts)
+        return IngressDemand(held=0, at=now)
+    records = _fresh_records(_demand_key(app, deployment), IngressDemand, TTL_S, now)
+    return IngressDemand(held=sum(r.held for r in records), refused_rps=sum(r.refused_rps for r in records), at=now)
 
 
 def info_reply(info: ReplicaInfo | IngressInfo) -> dict[str, Any]:

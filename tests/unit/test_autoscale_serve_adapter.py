@@ -14,7 +14,7 @@ import pytest
 
 from hbmserve.deployments import autoscaling as sa
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
-from hbmserve.core.records import RecordError
+from hbmserve.core.records import IngressDemand, RecordError
 from hbmserve.core.scaling import ReplicaState, Tier
 
 ray_config = pytest.importorskip("ray.serve.config", reason="ray[serve] not installed")
@@ -60,7 +60,8 @@ def context(*, config=None, policy_state=None, current=2, target=4, queued=2.4, 
 
 
 def test_snapshot_from_a_real_context():
-    s = sa.snapshot_from_context(context(), look_back_s=30.0, active={"r1"}, held_at_ingress=2)
+    demand = IngressDemand(held=2, refused_rps=1.25, at=NOW)
+    s = sa.snapshot_from_context(context(), look_back_s=30.0, active={"r1"}, demand=demand)
     assert s.now == NOW
     by_id = {r.replica_id: r for r in s.replicas}
     assert by_id["r1"].state is ReplicaState.ACTIVE
@@ -70,8 +71,10 @@ def test_snapshot_from_a_real_context():
     # The 40-45 s old points are outside the window; the standby's samples do not count.
     assert s.ttft_samples_s == (1.5, 2.5)
     assert s.tpot_samples_s == (0.04,)
-    assert s.arrival_rate_rps == 3.5  # standbys take no traffic
-    # Requests held at the model's gate count; Serve's handle queue (2.4 here: control-plane
+    # Standbys take no traffic; what the front doors refused for capacity is demand too.
+    assert s.arrival_rate_rps == 3.5 + 1.25
+    assert sa.snapshot_from_context(context(), look_back_s=30.0, active={"r1"}).arrival_rate_rps == 3.5
+    # Requests held at the front doors count; Serve's handle queue (2.4 here: control-plane
     # calls such as status probes, since user traffic never uses handles) does not.
     assert s.pending_at_ingress == 2
 
@@ -117,7 +120,7 @@ def test_roles_travel_in_policy_state_and_the_decision_record():
     # Scale-up wanted with a standby available: the standby is promoted in the same decision.
     cfg = AutoscaleConfig(upscale_delay_s=0.0, hot_standby_max=0)
     prior = {sa.ROLES_KEY: {"order": ["r1", "r2"], "active": ["r1"]}}
-    _, state = sa.decide_from_context(context(policy_state=prior, target=2), cfg, held_at_ingress=0)
+    _, state = sa.decide_from_context(context(policy_state=prior, target=2), cfg)
     record = sa.decision_in(state)
     assert record.target_active >= 2
     assert record.active_replicas == ("r1", "r2") and record.standby_replicas == ()

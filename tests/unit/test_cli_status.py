@@ -73,7 +73,7 @@ def test_status_json_keeps_its_shape(cli):
             {"replica": "bbbbbbbb:12", "url": URL, "accepted": 0, "rejected": 0, "in_flight": 0, "role": "standby",
              "placement": None, "prompt_tokens": 0, "prefix_hit_tokens": 0}],
         "autoscale": {"at": 12.5, "target_active": 1, "target_standby": {"hot": 1}, "active_replicas": ["r-a"],
-                      "standby_replicas": ["r-b"], "held_at_ingress": 0,
+                      "standby_replicas": ["r-b"], "held_at_ingress": 0, "refused_rps_at_ingress": 0.0,
                       "startup_s": {"hot": 1.0, "warm": 3.2, "cold": 9.0}, "reason": "steady; 1 hot standby",
                       "serve_target": 2},
         "traffic": [{"model": "sleepy", "accepted": 3, "rejected": 1, "in_flight": 2, "queued": 1, "routable": 1,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hbmserve.core.records import (CrossedGroup, DecisionRecord, HeldCount, IngressInfo, ModelTraffic, ObservedRank,
+from hbmserve.core.records import (CrossedGroup, DecisionRecord, IngressDemand, IngressInfo, ModelTraffic, ObservedRank,
                                    PlacementReport, RecordError, ReplicaEndpoint, ReplicaInfo)
 from hbmserve.core.scaling import ReplicaState, Tier
 
@@ -48,7 +48,7 @@ def endpoint() -> ReplicaEndpoint:
 
 
 @pytest.mark.parametrize("record", [decision(), replica(), replica(placement=None), ingress(), endpoint(),
-                                    HeldCount(held=3, at=5.0),
+                                    IngressDemand(held=3, refused_rps=0.5, at=5.0),
                                     placement()], ids=lambda r: type(r).__name__)
 def test_every_record_round_trips_through_json_and_plain_data(record):
     assert type(record).from_json(record.to_json()) == record
@@ -60,7 +60,7 @@ def test_decision_json_form_is_the_one_hbmserve_status_has_always_printed():
     assert decision().to_dict() == {
         "at": 1000.5, "target_active": 2, "target_standby": {"hot": 1, "warm": 0},
         "active_replicas": ["r1", "r2"], "standby_replicas": ["r3"], "held_at_ingress": 4,
-        "startup_s": {"hot": 1.0, "warm": 20.0, "cold": 60.0},
+        "refused_rps_at_ingress": 0.0, "startup_s": {"hot": 1.0, "warm": 20.0, "cold": 60.0},
         "reason": "queue 9 > 2 x 2 active; promote 1 standby", "serve_target": 3}
 
 
@@ -81,9 +81,9 @@ def test_fields_a_newer_writer_added_are_ignored():
 
 def test_fields_an_older_writer_lacked_take_their_defaults():
     # Before scale to zero and measured start-up, the record had neither field.
-    old = {k: v for k, v in decision().to_dict().items() if k not in ("held_at_ingress", "startup_s")}
+    old = {k: v for k, v in decision().to_dict().items() if k not in ("held_at_ingress", "refused_rps_at_ingress", "startup_s")}
     d = DecisionRecord.from_dict(old)
-    assert d.held_at_ingress == 0 and d.startup_s == {}
+    assert d.held_at_ingress == 0 and d.refused_rps_at_ingress == 0.0 and d.startup_s == {}
     # A replica from before load times were reported.
     r = ReplicaInfo.from_dict({k: v for k, v in replica().to_dict().items() if k not in ("load_s", "placement")})
     assert r.load_s is None and r.placement is None

@@ -168,14 +168,15 @@ def test_auth_fails_closed_and_tenant_rate_limits_answer_429_with_retry_after():
             info = await d.client.get("/hbm/info", headers={"authorization": f"Bearer {KEY}"})
             ok = [await d.client.post("/v1/completions", json=completion(),
                                       headers={"authorization": f"Bearer {KEY}"}) for _ in range(3)]
-            return bare, health, info, ok
+            return bare, health, info, ok, d.admission["m"].refused_rps()
 
-    bare, health, info, ok = run(go())
+    bare, health, info, ok, refused_rps = run(go())
     assert bare.status_code == 401 and bare.json()["error"]["code"] == "invalid_api_key"
     assert health.status_code == 200
     assert info.status_code == 403  # a tenant key is not the admin token
     assert [r.status_code for r in ok] == [200, 200, 429]
     assert int(ok[2].headers["retry-after"]) >= 1 and ok[2].json()["error"]["type"] == "rate_limit_error"
+    assert refused_rps == 0.0  # a tenant over its limit is not demand for more replicas
 
 
 def test_a_burst_beyond_the_queue_is_refused_and_every_accepted_request_completes():
@@ -184,10 +185,12 @@ def test_a_burst_beyond_the_queue_is_refused_and_every_accepted_request_complete
         async with Door() as d:
             replies = await asyncio.gather(*(d.client.post("/v1/completions", json=completion(max_tokens=200))
                                              for _ in range(30)))
-            return replies, d.admission["m"]
+            return replies, d.admission["m"], d.admission["m"].refused_rps()
 
-    replies, gate = run(go())
+    replies, gate, refused_rps = run(go())
     codes = [r.status_code for r in replies]
+    # Refused for capacity: reported to the autoscaler as demand (per second over a 30 s window).
+    assert refused_rps == pytest.approx(codes.count(429) / 30)
     assert codes.count(200) >= 12 and codes.count(200) + codes.count(429) == 30, codes
     refused = [r for r in replies if r.status_code == 429]
     assert refused and all(int(r.headers["retry-after"]) >= 1 for r in refused)

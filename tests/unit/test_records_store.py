@@ -63,7 +63,7 @@ def kv(monkeypatch):
 
 def record(**overrides) -> DecisionRecord:
     fields = dict(at=5.0, target_active=2, target_standby={Tier.HOT: 1}, active_replicas=("a", "b"),
-                  standby_replicas=("c",), held_at_ingress=3, startup_s={Tier.WARM: 20.0},
+                  standby_replicas=("c",), held_at_ingress=3, refused_rps_at_ingress=0.5, startup_s={Tier.WARM: 20.0},
                   reason="scale up", serve_target=3)
     return DecisionRecord(**(fields | overrides))
 
@@ -76,7 +76,8 @@ def test_a_published_decision_reads_back_typed_and_sets_the_gauges(kv):
     tags = (("application", "app"), ("deployment", "engine"))
     gauges = {name: series[tags] for name, series in FakeGauge.values.items()}
     assert gauges == {"hbmserve_autoscale_target_replicas": 3, "hbmserve_autoscale_active_replicas": 2,
-                      "hbmserve_autoscale_standby_replicas": 1, "hbmserve_autoscale_held_requests": 3}
+                      "hbmserve_autoscale_standby_replicas": 1, "hbmserve_autoscale_held_requests": 3,
+                      "hbmserve_autoscale_refused_rps": 0.5}
 
 
 def test_a_malformed_stored_decision_is_an_error_naming_its_key(kv):
@@ -85,21 +86,26 @@ def test_a_malformed_stored_decision_is_an_error_naming_its_key(kv):
         store.latest_decision("app", "engine")
 
 
-def test_held_counts_sum_over_front_doors_and_die_with_their_writer(kv, monkeypatch):
+def _demand(app: str = "app") -> tuple[int, float]:
+    d = store.ingress_demand(app, "engine")
+    return d.held, d.refused_rps
+
+
+def test_ingress_demand_sums_over_front_doors_and_dies_with_its_writer(kv, monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(store.time, "time", lambda: clock[0])
-    assert store.held_at_ingress("app", "engine") == 0  # nobody holds anything
-    store.publish_held("app", "engine", "door-a", 7)
-    store.publish_held("app", "engine", "door-b", 2)
-    store.publish_held("other", "engine", "door-a", 5)
-    assert store.held_at_ingress("app", "engine") == 9
+    assert _demand() == (0, 0.0)  # nobody holds or refuses anything
+    store.publish_demand("app", "engine", "door-a", 7, 0.5)
+    store.publish_demand("app", "engine", "door-b", 2, 0.25)
+    store.publish_demand("other", "engine", "door-a", 5, 9.0)
+    assert _demand() == (9, 0.75)
     clock[0] += store.TTL_S / 2
-    store.publish_held("app", "engine", "door-b", 3)  # door-b renews; door-a died
+    store.publish_demand("app", "engine", "door-b", 3, 0.0)  # door-b renews; door-a died
     clock[0] += store.TTL_S / 2 + 0.1
-    assert store.held_at_ingress("app", "engine") == 3
-    assert ("hbmserve", "held/app/engine/door-a") not in kv  # the dead writer's count is gone
-    kv[("hbmserve", "held/app/engine/door-c")] = b"lots"  # malformed: skipped, not counted
-    assert store.held_at_ingress("app", "engine") == 3
+    assert _demand() == (3, 0.0)
+    assert ("hbmserve", "demand/app/engine/door-a") not in kv  # the dead writer's record is gone
+    kv[("hbmserve", "demand/app/engine/door-c")] = b"lots"  # malformed: skipped, not counted
+    assert _demand() == (3, 0.0)
 
 
 def test_endpoints_are_listed_while_renewed_and_withdrawn_on_stop(kv, monkeypatch):
@@ -121,7 +127,7 @@ def test_endpoints_are_listed_while_renewed_and_withdrawn_on_stop(kv, monkeypatc
 
 def test_outside_a_cluster_nothing_is_held(monkeypatch):
     monkeypatch.setattr(internal_kv, "_internal_kv_initialized", lambda: False)
-    assert store.held_at_ingress("app", "engine") == 0
+    assert _demand() == (0, 0.0)
 
 
 def test_the_policy_publishes_what_it_decided_and_replicas_read_their_role(kv):
