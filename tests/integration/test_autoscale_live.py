@@ -86,6 +86,13 @@ def _read_stream(r) -> int:
     return usage["completion_tokens"]
 
 
+def _flood(url: str, n: int) -> list[int]:
+    """`n` concurrent requests, no retries: the status codes."""
+    body = {"model": MODEL, "prompt": "flood", "max_tokens": MAX_TOKENS}
+    with httpx.Client(timeout=120) as client, ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: client.post(f"{url}/v1/completions", json=body).status_code, range(n)))
+
+
 def _roles(model: dict) -> list[str]:
     return sorted(r["role"] for r in model["replica_stats"])
 
@@ -168,6 +175,11 @@ def test_decisions_reach_a_real_prometheus(autoscaled, cli, wait_for, tmp_path):
         standby = prom.wait_for(f"ray_hbmserve_autoscale_standby_replicas{app}", lambda v: v == 1, 30)
         target = prom.wait_for(f"ray_hbmserve_autoscale_target_replicas{app}", lambda v: v == 2, 30)
         held = prom.query(f"ray_hbmserve_autoscale_held_requests{app}")
+        # A flood beyond the front door's queue: the refusals reach the policy as demand.
+        codes = _flood(url=autoscaled, n=40)
+        refused = prom.wait_for(f"ray_hbmserve_autoscale_refused_rps{app}", lambda v: v > 0, 60)
+    assert codes.count(429) > 0 and set(codes) <= {200, 429}, codes
+    assert refused and refused[0][1] > 0, refused
     assert [v for _, v in active] == [1.0], active
     assert [v for _, v in standby] == [1.0], standby
     assert [v for _, v in target] == [2.0], target  # Serve runs the active one plus the standby
