@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hbmserve.weights.errors import ManifestError, SourceError, SourceUnavailable
+from hbmserve.weights.errors import ManifestError, SourceError, SourceUnavailable, WeightCacheError
 from hbmserve.weights.fs import Sink
 from hbmserve.weights.manifest import FileEntry, Manifest, make_manifest
 from hbmserve.weights.sources import Progress, SourceOptions, Transient, with_retries
@@ -59,37 +59,40 @@ class HubSource:
     def uri(self) -> str:
         return self.repo + (f"@{self.revision}" if self.revision else "")
 
-    def _classify(self, e: Exception) -> Exception:
+    def _classify(self, e: Exception) -> tuple[Exception, bool]:
+        """The error to raise for `e`, and whether another try may help."""
         from huggingface_hub import constants
         from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
                                             RepositoryNotFoundError, RevisionNotFoundError)
 
         where = self.endpoint or constants.ENDPOINT
-        if isinstance(e, OfflineModeIsEnabled):
+        if isinstance(e, OfflineModeIsEnabled):  # retrying cannot help: final at once
             return SourceUnavailable(f"{self.uri}: HF_HUB_OFFLINE is set, so the Hub at {where} is not contacted; "
                                      "prefetch the model where the network is (`hbmserve cache prefetch`) "
-                                     "or serve it from a local directory")
+                                     "or serve it from a local directory"), False
         if isinstance(e, (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError)):
-            return SourceError(f"{self.uri}: {type(e).__name__} from the Hub at {where} ({str(e).splitlines()[0]})")
+            return SourceError(f"{self.uri}: {type(e).__name__} from the Hub at {where} "
+                               f"({str(e).splitlines()[0]})"), False
         if isinstance(e, HfHubHTTPError):
-            return SourceError(f"{self.uri}: the Hub at {where} answered {str(e).splitlines()[0]}")
+            status = getattr(e.response, "status_code", 0) or 0
+            return (SourceError(f"{self.uri}: the Hub at {where} answered {str(e).splitlines()[0]}"
+                                + (f" after {self.opts.attempts} tries" if status >= 500 else "")),
+                    status >= 500 or status == 429)
         # huggingface_hub raises its HTTP client's own exception types for a missing route or DNS
         return SourceUnavailable(f"{self.uri}: cannot reach the Hugging Face Hub at {where} "
-                                 f"after {self.opts.attempts} tries ({type(e).__name__}: {e})")
+                                 f"after {self.opts.attempts} tries ({type(e).__name__}: {e})"), True
 
     def _call(self, fn: Any) -> Any:
-        from huggingface_hub.errors import OfflineModeIsEnabled
-
         got: list[Any] = []
 
         def attempt() -> None:
             try:
                 got.append(fn())
-            except OfflineModeIsEnabled as e:
-                raise self._classify(e) from e  # retrying cannot help: final at once
-            except Exception as e:  # sorted by _classify; only "unreachable" is worth a retry
-                err = self._classify(e)
-                raise (Transient(err) if isinstance(err, SourceUnavailable) else err) from e
+            except WeightCacheError:
+                raise  # a full disk or a bad digest while adopting: not the Hub's doing
+            except Exception as e:  # sorted by _classify: unreachable and 5xx are worth another try
+                err, transient = self._classify(e)
+                raise (Transient(err) if transient else err) from e
 
         with_retries(self.opts, attempt)
         return got[0]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -34,6 +35,7 @@ class FaultServer:
     stop: threading.Event = field(default_factory=threading.Event)
     url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    close: Callable[[], None] = lambda: None  # stop serving now (the fixture also stops it at teardown)
 
     def gets(self, path: str) -> int:
         return sum(1 for p, _ in self.requests if p == path)
@@ -103,15 +105,14 @@ def serve_files():
         server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
         server.daemon_threads = True
         state.url = f"http://127.0.0.1:{server.server_address[1]}/m"
+        state.close = lambda: (state.stop.set(), server.shutdown(), server.server_close())
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         started.append((server, state))
         return state
 
     yield start
-    for server, state in started:
-        state.stop.set()
-        server.shutdown()
-        server.server_close()
+    for _server, state in started:
+        state.close()
 
 
 @pytest.fixture
