@@ -19,6 +19,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from hbmserve.core.cache_spec import WeightCacheSpec
     from hbmserve.core.config import ClusterSpec
+    from hbmserve.weights.cache import WeightCache
 
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
@@ -124,7 +125,7 @@ def evict(targets: Annotated[Optional[list[str]], typer.Argument(help="keys, key
         raise _fail("name entries to evict, or pass --all (not both)", EXIT_BAD_INPUT)
     keys = [e.key for e in cache.ls() if not e.in_use and (force or not e.pinned)] if all_unused else []
     for t in targets or []:
-        key = cache.find(t)
+        key = cache.find(t) or _find_by_source(cache, t)
         if key is None:
             raise _fail(f"no cache entry matches {t!r} in {spec.root}", EXIT_BAD_INPUT)
         keys.append(key)
@@ -139,6 +140,17 @@ def evict(targets: Annotated[Optional[list[str]], typer.Argument(help="keys, key
         out.print_json(json.dumps({"evicted": evicted}))
     else:
         out.print(f"evicted {len(evicted)} entries ({_gib(sum(e['bytes'] for e in evicted))} GiB)")
+
+
+def _find_by_source(cache: WeightCache, text: str) -> str | None:
+    """A source as the user typed it (a relative path, say), normalized as resolve() records it."""
+    from hbmserve.weights.errors import SourceError
+    from hbmserve.weights.sources import parse_source
+
+    try:
+        return cache.last_key(parse_source(text).uri)
+    except SourceError:
+        return None
 
 
 def manifest(model_dir: Annotated[Path, typer.Argument(help="the model folder to publish")]) -> None:

@@ -2,8 +2,9 @@
 
     entries/<key>/model/...    published model files, read-only: the path an engine loads
     entries/<key>/entry.json   manifest and source; its mtime is the entry's last use (LRU)
-    tmp/<key>.<pid>.<n>/       a fill in progress (model/, reserve.json), or debris of a dead one
-    tmp/<key>.<pid>.<n>.owner  flocked by the fill's process until it has published
+    tmp/<key>.<pid>.<n>/       a fill in progress (model/ and entry.json), or debris of a dead one
+    tmp/<key>.<pid>.<n>.owner  flocked by the fill's process until it has published; holds the
+                               bytes it reserved against the cap
     locks/<key>.fill           exclusive while one process fills <key>; others wait, then hit
     locks/<key>.lease          shared by each process using <key>; eviction needs it exclusive
     locks/root                 exclusive for the short bookkeeping (clean, plan, evict, reserve)
@@ -118,7 +119,6 @@ class WeightCache:
                 os.chmod(sink.path, 0o444)
             (tmp / _ENTRY).write_text(json.dumps({"source": source.uri, "manifest": json.loads(manifest.to_json())}))
             _touch(tmp / _ENTRY)
-            (tmp / "reserve.json").unlink()
             for d in sorted({p.parent for p in (tmp / "model").rglob("*")} | {tmp}, reverse=True):
                 fsync_dir(d)
             self._publish(tmp, key)
@@ -161,7 +161,7 @@ class WeightCache:
             tmp = self.tmp / f"{key}.{os.getpid()}.{time.monotonic_ns()}"
             (tmp / "model").mkdir(parents=True)
             owner = lock(self.tmp / f"{tmp.name}.owner", exclusive=True)
-            (tmp / "reserve.json").write_text(json.dumps({"bytes": need}))
+            owner.path.write_text(json.dumps({"bytes": need}))  # the reservation lives as long as the lock
             return tmp, owner
 
     # -- bookkeeping (callers hold the root lock) -------------------------------------------
@@ -178,10 +178,8 @@ class WeightCache:
             info = self._read_entry(key)
             states.append(EntryState(key, info.size_bytes if info else 0, _mtime(self.entries / key / _ENTRY),
                                      in_use=held_lease is None, pinned=(self.pins / key).exists()))
-        reserved = 0
-        for t in self.tmp.iterdir():
-            if (t / "reserve.json").is_file():
-                reserved += json.loads((t / "reserve.json").read_text())["bytes"]
+        # Dead fills' .owner files were cleared just before, under the same root lock.
+        reserved = sum(json.loads(t.read_text() or "{}").get("bytes", 0) for t in self.tmp.glob("*.owner"))
         # Conservative: other fills' reservations are taken off the free space as if written.
         free = max(0, shutil.disk_usage(self.root).free - reserved)
         return CacheSnapshot(tuple(states), reserved, self.max_bytes, free, self.min_free_bytes)

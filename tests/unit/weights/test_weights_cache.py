@@ -125,6 +125,36 @@ def test_lru_eviction_spares_leased_and_pinned(tmp_path, source) -> None:
     assert not {i.key: i for i in cache.ls()}[key[c]].in_use
 
 
+def test_a_fill_in_progress_holds_its_space(tmp_path, source) -> None:
+    """Two fills at once on a cache with room for one: the second is refused while the first
+    runs (its bytes are reserved, not yet on disk), and nothing is evicted for it."""
+    import threading
+
+    cache, a, b = WeightCache(tmp_path / "c", 450_000), source(0), source(1)
+    started, go = threading.Event(), threading.Event()
+
+    class Slow:
+        uri = a.uri
+
+        def manifest(self):
+            return a.manifest()
+
+        def fetch(self, entry, sink, progress):
+            started.set()
+            go.wait(10)
+            a.fetch(entry, sink, progress)
+
+    done = []
+    t = threading.Thread(target=lambda: done.append(fill(cache, Slow())))
+    t.start()
+    assert started.wait(10)
+    with pytest.raises(CacheFull, match="being filled"):
+        fill(cache, b)
+    go.set()
+    t.join(10)
+    assert [i.key for i in cache.ls()] == [done[0].key]
+
+
 def test_evict_refuses_in_use_and_pinned(tmp_path, source) -> None:
     cache, src = WeightCache(tmp_path / "c", MB), source()
     held = cache.acquire(src, src.manifest())
