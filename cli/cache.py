@@ -116,7 +116,7 @@ def evict(targets: Annotated[Optional[list[str]], typer.Argument(help="keys, key
           force: Annotated[bool, typer.Option("--force", help="evict pinned entries too (never one in use)")] = False,
           config: ConfigOpt = None, root: RootOpt = None, json_out: JsonOpt = False) -> None:
     """Remove entries now. An entry a running replica uses is never removed."""
-    from hbmserve.weights.errors import EntryBusy
+    from hbmserve.weights.errors import WeightCacheError
     from hbmserve.weights.resolve import cache_for
 
     spec, _ = _load(config, root)
@@ -133,7 +133,7 @@ def evict(targets: Annotated[Optional[list[str]], typer.Argument(help="keys, key
     for key in keys:
         try:
             info = cache.evict(key, force=force)
-        except EntryBusy as e:
+        except WeightCacheError as e:  # in use, pinned without --force
             raise _fail(str(e), EXIT_FAILED) from None
         evicted.append({"key": info.key, "source": info.source, "bytes": info.size_bytes})
     if json_out:

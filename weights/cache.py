@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hbmserve.weights.errors import CacheFull, DiskFull, EntryBusy, WeightCacheError
-from hbmserve.weights.eviction import CacheSnapshot, EntryState, EvictionPlan, Limit, plan_eviction
+from hbmserve.weights.eviction import CacheSnapshot, EntryState, Limit, plan_eviction
 from hbmserve.weights.fs import HeldLock, fsync_dir, is_locked, lock, open_sink, try_lock
 from hbmserve.weights.manifest import Manifest, parse_manifest
 from hbmserve.weights.sources import Progress, Source, no_progress
@@ -191,14 +191,12 @@ class WeightCache:
         shutil.rmtree(trash, ignore_errors=True)
         (self.pins / key).unlink(missing_ok=True)
 
-    def _clean_locked(self) -> list[str]:
-        removed = []
+    def _clean_locked(self) -> None:
+        """Remove what dead fills and interrupted evictions left in tmp/."""
         for t in sorted(self.tmp.iterdir()):
             owner = t if t.suffix == ".owner" else self.tmp / f"{t.name}.owner"
             if not is_locked(owner):  # its filler is gone (or it is an eviction's debris)
                 shutil.rmtree(t, ignore_errors=True) if t.is_dir() else t.unlink(missing_ok=True)
-                removed.append(t.name)
-        return removed
 
     def _read_entry(self, key: str) -> EntryInfo | None:
         path = self.entries / key / _ENTRY
@@ -217,11 +215,6 @@ class WeightCache:
         os.replace(tmp, self.index / name)
 
     # -- what the CLI and the warm pool use ------------------------------------------------
-    def clean(self) -> list[str]:
-        """Remove what dead fills and interrupted evictions left in tmp/; the names removed."""
-        with self._root_lock():
-            return self._clean_locked()
-
     def ls(self) -> list[EntryInfo]:
         if not self.entries.is_dir():
             return []
@@ -255,7 +248,7 @@ class WeightCache:
         with self._root_lock():
             info = self._read_entry(key)
             if info is None:
-                raise EntryBusy(f"no entry {key} in {self.root}")
+                raise WeightCacheError(f"no entry {key} in {self.root}")
             if info.pinned and not force:
                 raise EntryBusy(f"{key} ({info.source}) is pinned for the warm pool; unpin it or force")
             lease = try_lock(self.locks / f"{key}.lease", exclusive=True)
@@ -271,15 +264,6 @@ class WeightCache:
 
     def unpin(self, key: str) -> None:
         (self.pins / key).unlink(missing_ok=True)
-
-    def plan(self, need_bytes: int) -> EvictionPlan:
-        """What a fill of `need_bytes` would evict now (nothing is changed)."""
-        with self._root_lock():
-            held = self._probe_entries()
-            try:
-                return plan_eviction(self._snapshot(held), need_bytes)
-            finally:
-                _release(held)
 
 
 def _release(held: dict[str, HeldLock | None]) -> None:

@@ -53,6 +53,9 @@ class Resolved:
 def resolve(source: str, spec: WeightCacheSpec, *, model: str | None = None, metrics: CacheMetrics | None = None,
             progress: FillProgress | None = None, opts: SourceOptions = SourceOptions(),
             pin: bool = False) -> Resolved:
+    """`source` (a path, URL, Hub id or s3:// URI, as a model's `source` field holds it) as a
+    local directory in `spec`'s cache, leased until `release()`. Fills on a miss, once per node;
+    `pin` keeps the entry for the warm pool; `metrics` counts the hit or miss under `model`."""
     cache = cache_for(spec)
     src = parse_source(source, opts)
     offline = False

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
 from hbmserve.weights.errors import SourceError
 from hbmserve.weights.fs import Sink
 from hbmserve.weights.manifest import MANIFEST_NAME, FileEntry, Manifest, manifest_of_dir, parse_manifest
@@ -51,8 +53,6 @@ class SourceOptions:
 def with_retries(opts: SourceOptions, attempt: Callable[[], None]) -> None:
     """Run `attempt` until it stops raising Transient, at most `opts.attempts` times, with
     jittered exponential back-off between tries (tenacity); then raise the last error it carried."""
-    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
-
     retrying = Retrying(stop=stop_after_attempt(opts.attempts), retry=retry_if_exception_type(Transient),
                         wait=wait_exponential_jitter(initial=opts.backoff_initial_s, max=opts.backoff_max_s),
                         reraise=True)

@@ -69,6 +69,7 @@ def test_a_fill_killed_midway_leaves_nothing_and_is_cleaned_up(tmp_path, serve_f
     child.join(timeout=10)
     assert child.exitcode == -signal.SIGKILL
     assert cache.ls() == []  # nothing half-written is visible
+    assert any(cache.tmp.iterdir())  # its leftovers stay until the next fill
     # Its flocks died with it: the next process cleans up and fills without waiting.
     got = cache.acquire(HttpSource(server.url, FAST), HttpSource(server.url, FAST).manifest())
     got.release()
