@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from hbmserve.cluster.checks import load_deployable
+from hbmserve.cluster.tiny_model import TinyModelShape
 from hbmserve.core.config import ClusterSpec, ConfigError
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.scaling import ReplicaState
@@ -25,13 +26,28 @@ out = Console()
 model_app = typer.Typer(help="Generate models for local development.", no_args_is_help=True)
 
 
+_TINY = TinyModelShape()
+
+
 @model_app.command("tiny")
-def model_tiny(out_dir: Path = typer.Option(..., "--out", help="Folder to write the model into.")) -> None:
+def model_tiny(
+    out_dir: Path = typer.Option(..., "--out", help="Folder to write the model into."),
+    hidden_size: int = typer.Option(_TINY.hidden_size, min=64, help="Larger shapes make a model big enough to "
+                                    "time loading (e.g. 2048/5632/14 layers/vocab 32000: ~3.4 GB in float32)."),
+    intermediate_size: int = typer.Option(_TINY.intermediate_size, min=1),
+    layers: int = typer.Option(_TINY.num_hidden_layers, min=1),
+    heads: int = typer.Option(_TINY.num_attention_heads, min=1, help="hidden_size / heads must be 64 for vLLM-CPU."),
+    kv_heads: int = typer.Option(_TINY.num_key_value_heads, min=1),
+    vocab_size: int = typer.Option(_TINY.vocab_size, min=_TINY.vocab_size),
+    max_shard_size: str = typer.Option("5GB", help="Largest safetensors shard, as transformers reads it (1GB, 500MB)."),
+) -> None:
     """Write the deterministic tiny Llama (random weights, local BPE tokenizer) that vLLM-CPU loads."""
     from hbmserve.cluster.tiny_model import write_model
 
+    shape = TinyModelShape(hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=layers,
+                           num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab_size)
     with err.status(f"writing tiny model to {out_dir}"):
-        write_model(out_dir)
+        write_model(out_dir, shape, max_shard_size)
     out.print(f"[green]wrote[/] {out_dir}")
 
 

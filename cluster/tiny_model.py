@@ -79,8 +79,9 @@ def write_tokenizer(out: Path, shape: TinyModelShape) -> None:
     fast.save_pretrained(str(out))
 
 
-def write_model(out: Path, shape: TinyModelShape = TinyModelShape()) -> Path:
-    """Write config, weights (safetensors) and tokenizer to `out`; returns `out`."""
+def write_model(out: Path, shape: TinyModelShape = TinyModelShape(), max_shard_size: str = "5GB") -> Path:
+    """Write config, weights (safetensors, in shards of at most `max_shard_size`) and tokenizer to
+    `out`; returns `out`. Larger shapes make models big enough to time loading (ops/bench/weight_load.py)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -104,7 +105,7 @@ def write_model(out: Path, shape: TinyModelShape = TinyModelShape()) -> Path:
     )
     torch.manual_seed(shape.seed)
     model = LlamaForCausalLM(config).to(torch.float32)
-    model.save_pretrained(str(out), safe_serialization=True)
+    model.save_pretrained(str(out), safe_serialization=True, max_shard_size=max_shard_size)
     (out / "hbmserve-tiny.json").write_text(json.dumps({"generator": "hbmserve tiny", "seed": shape.seed}))
     return out
 

@@ -15,6 +15,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from hbmserve.core.cache_spec import WeightCacheSpec
 from hbmserve.core.engine_settings import EngineKind, EngineSettings, Strict as _Strict
 
 DEFAULT_CONFIG_NAME = "default_cluster.yaml"
@@ -198,6 +199,8 @@ class ClusterSpec(_Strict):
     # A cluster file (placement/cluster_file.py format). When set, every model that needs GPUs
     # gets its replicas placed by the placement planner (deployments/placed_app.py).
     topology: str | None = None
+    # The node-local weight cache every replica resolves its model through (hbmserve/weights).
+    cache: WeightCacheSpec = WeightCacheSpec()
     models: Annotated[list[ModelSpec], Field(min_length=1)]
 
     @model_validator(mode="after")

@@ -60,3 +60,24 @@ def test_tokenizer_round_trips_and_chat_template_renders(tiny: Path):
     prompt = tok.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False,
                                      add_generation_prompt=True)
     assert prompt == "<|start|>user\nhello<|end|>\n<|start|>assistant\n"
+
+
+def test_a_larger_shape_in_shards_like_a_real_checkpoint(tmp_path: Path):
+    """What ops/bench/weight_load.py asks for, scaled down: other dimensions and shards."""
+    import json as _json
+
+    from safetensors import safe_open
+
+    s = TinyModelShape(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=4, vocab_size=1024)
+    out = write_model(tmp_path / "m", s, max_shard_size="1MB")
+    shards = sorted(out.glob("*.safetensors"))
+    index = _json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(shards) > 1 and set(index["weight_map"].values()) == {p.name for p in shards}
+    total = 0
+    for p in shards:
+        with safe_open(str(p), "pt") as f:
+            total += sum(f.get_tensor(k).numel() for k in f.keys())
+    h, i, v, n = s.hidden_size, s.intermediate_size, s.vocab_size, s.num_hidden_layers
+    assert total == 2 * v * h + n * (4 * h * h + 3 * h * i + 2 * h) + h
+    assert _json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3

@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: dict[str, int] = {
     "core": 0,  # config schema and shared types; imports nothing of hbmserve
     "capacity": 1, "placement": 1, "autoscale": 1, "routing": 1, "access": 1,  # brains, pure
+    # The node's weight cache: does I/O, but imports only core and sits below the drivers so that
+    # a replica (deployments/) can resolve its model through it; its decision (eviction) is pure.
+    "weights": 1,
     "sim": 2, "deployments": 2,  # the two drivers of the brains: simulator and Ray Serve
     "cluster": 3,  # the Ray driver: local head, deploy, status
     "ops": 4,  # benchmarks, metrics, dashboard
