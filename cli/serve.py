@@ -250,6 +250,12 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         if m.autoscale:
             out.print(f"[bold]{m.name}[/] autoscale -> {m.autoscale.serve_target} replicas: {m.autoscale.reason}",
                       highlight=False)
+        starts = [r for r in m.replica_stats if r.weights_cached is not None]
+        if starts:
+            hits = sum(1 for r in starts if r.weights_cached)
+            out.print(f"[bold]{m.name}[/] weights: {hits} of {len(starts)} replicas started from the node's cache; "
+                      f"{len(starts) - hits} fetched from the source (slowest "
+                      f"{max(r.weights_s or 0.0 for r in starts):.1f} s)", highlight=False)
         if m.traffic:
             t = m.traffic
             out.print(f"[bold]{m.name}[/] front doors: {sum(x.accepted for x in t)} accepted, "

@@ -143,7 +143,7 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
             from hbmserve.deployments.placed_app import build_placed_app
 
             result, topology = plans[m.name]
-            app = build_placed_app(spec.serve.http.host, token, m, result, topology)
+            app = build_placed_app(spec.serve.http.host, token, m, result, topology, spec.cache)
         else:
             app = build_model_app(spec, m, token)
         try:
@@ -225,11 +225,13 @@ class ReplicaStats(Record):
     placement: PlacementReport | None = None
     prompt_tokens: int = 0  # prefix cache since start: prompt tokens looked up
     prefix_hit_tokens: int = 0  # and found cached
+    weights_cached: bool | None = None  # its weights were in the node's cache (None: no weights)
+    weights_s: float | None = None  # seconds to make them local
 
     @classmethod
     def of(cls, key: str, info: ReplicaInfo) -> ReplicaStats:
         return cls(key, info.url, info.accepted, info.rejected, info.in_flight, info.role, info.placement,
-                   info.prompt_tokens, info.prefix_hit_tokens)
+                   info.prompt_tokens, info.prefix_hit_tokens, info.weights_cached, info.weights_s)
 
 
 @dataclass(frozen=True)

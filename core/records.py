@@ -173,6 +173,10 @@ class ReplicaInfo(Record):
     healthy: bool
     # Seconds from the replica's constructor to a loaded engine (added after the first version).
     load_s: float | None = None
+    # Making the weights local through the node's cache (vLLM engines; added with the cache):
+    # seconds, and whether they were already there (a hit) or were fetched from the source.
+    weights_s: float | None = None
+    weights_cached: bool | None = None
     placement: PlacementReport | None = None  # planned replicas only (deployments/placed_app.py)
     # Prefix cache since start: prompt tokens looked up, and those found (added with the front door).
     prompt_tokens: int = 0

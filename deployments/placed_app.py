@@ -18,6 +18,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
+from hbmserve.core.cache_spec import WeightCacheSpec
 from hbmserve.core.config import ModelSpec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.records import PlacementReport, ReplicaInfo
@@ -100,7 +101,7 @@ class PlacedEngineReplica(EngineReplica):
     application when the ingress binds it, so replica 0 binds the rest; it never calls them.
     """
 
-    async def __init__(self, model_json: str, host: str, internal_token: str,
+    async def __init__(self, model_json: str, host: str, internal_token: str, cache_json: str,
                      result: PlacementPlan, topology: ClusterTopology, pg: PlacementGroupSpec, *peers) -> None:
         from hbmserve.placement.ray_observe import observe_ranks
 
@@ -110,7 +111,7 @@ class PlacedEngineReplica(EngineReplica):
         self.verification = verify_replica(result, pg.replica, reports, topology)
         self.placement = placement_report(self.verification, reports)
         self._record_metrics(deployment_name(model, pg.replica))
-        await super().__init__(model_json, host, internal_token)
+        await super().__init__(model_json, host, internal_token, cache_json)
 
     def _record_metrics(self, deployment: str) -> None:
         from hbmserve.placement.ray_observe import log_verification, publish_verification_metrics
@@ -123,13 +124,14 @@ class PlacedEngineReplica(EngineReplica):
 
 
 def build_placed_app(host: str, internal_token: str, model: ModelSpec,
-                     result: PlacementPlan, topology: ClusterTopology):
+                     result: PlacementPlan, topology: ClusterTopology, cache: WeightCacheSpec):
     """The model's one Serve application: a deployment per planned replica, replica 0 as ingress."""
     from ray import serve
 
     bound = []
     for pg in placed_specs(model, result, topology):
         deployment = serve.deployment(PlacedEngineReplica, **deployment_options(model, pg))
-        bound.append((deployment, (model.model_dump_json(), host, internal_token, result, topology, pg)))
+        bound.append((deployment, (model.model_dump_json(), host, internal_token, cache.model_dump_json(),
+                                   result, topology, pg)))
     (first, first_args), rest = bound[0], bound[1:]
     return first.bind(*first_args, *(d.bind(*args) for d, args in rest))

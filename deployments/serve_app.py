@@ -16,6 +16,7 @@ import os
 import time
 from typing import Callable
 
+from hbmserve.core.cache_spec import WeightCacheSpec
 from hbmserve.core.config import ClusterSpec, ModelSpec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.records import ReplicaEndpoint, ReplicaInfo
@@ -23,6 +24,7 @@ from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import vllm_launch
 from hbmserve.deployments.engine_server import EngineServer
+from hbmserve.deployments.replica_weights import local_weights
 from hbmserve.deployments.records_store import (RENEW_S, info_reply, latest_decision, publish_endpoint,
                                                  remove_endpoint)
 
@@ -75,15 +77,22 @@ class EngineReplica:
     """A Serve replica that owns one engine and its private HTTP server, and announces the
     server's URL (records_store.publish_endpoint) for as long as it lives."""
 
-    async def __init__(self, model_json: str, host: str, internal_token: str):
+    async def __init__(self, model_json: str, host: str, internal_token: str, cache_json: str | None = None):
         import ray
         from ray import serve
 
         self.model = ModelSpec.model_validate_json(model_json)
-        self.server: EngineServer = ENGINE_SERVERS[self.model.engine](self.model, replica_host(host), internal_token)
         started = time.monotonic()
+        cache = WeightCacheSpec.model_validate_json(cache_json) if cache_json else WeightCacheSpec()
+        # Held for the replica's life: the lease keeps the cache from evicting the engine's files.
+        self.weights = await asyncio.to_thread(local_weights, self.model, cache)
+        engine_model = self.weights.model if self.weights else self.model
+        self.server: EngineServer = ENGINE_SERVERS[self.model.engine](engine_model, replica_host(host), internal_token)
         self.url = await self.server.start()
-        self.load_s = time.monotonic() - started  # the warm start-up the policy plans with
+        # The warm start-up the policy plans with: weights already on the node, engine loaded.
+        # A fill from the source on a miss is the cold tier's and is left out.
+        fill_s = self.weights.seconds if self.weights and not self.weights.resolved.hit else 0.0
+        self.load_s = time.monotonic() - started - fill_s
         ctx = serve.get_replica_context()
         self.endpoint = ReplicaEndpoint(app=ctx.app_name, deployment=ctx.deployment,
                                         replica=ctx.replica_id.unique_id, model=self.model.name, url=self.url,
@@ -139,6 +148,8 @@ class EngineReplica:
             rejected=c.rejected,
             healthy=self.server.healthy(),
             load_s=self.load_s,
+            weights_s=self.weights.seconds if self.weights else None,
+            weights_cached=self.weights.resolved.hit if self.weights else None,
             prompt_tokens=load.prompt_tokens,
             prefix_hit_tokens=load.prefix_hit_tokens,
         )
@@ -157,6 +168,8 @@ class EngineReplica:
         # Withdraw first, so the front doors stop routing here while in-flight requests drain.
         await asyncio.to_thread(remove_endpoint, self.endpoint)
         await self.server.stop()
+        if self.weights:
+            self.weights.resolved.release()
 
 
 def unsupported_engines(spec: ClusterSpec) -> list[str]:
@@ -234,4 +247,4 @@ def build_model_app(spec: ClusterSpec, model: ModelSpec, internal_token: str):
         **scaling_options(model),
         **({"max_replicas_per_node": model.max_replicas_per_node} if model.max_replicas_per_node else {}),
     )
-    return deployment.bind(model.model_dump_json(), spec.serve.http.host, internal_token)
+    return deployment.bind(model.model_dump_json(), spec.serve.http.host, internal_token, spec.cache.model_dump_json())

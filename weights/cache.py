@@ -83,10 +83,12 @@ class WeightCache:
         return lock(self.locks / "root", exclusive=True)
 
     # -- making a model local -------------------------------------------------------------
-    def acquire(self, source: Source, manifest: Manifest, progress: Progress = no_progress) -> Acquired:
+    def acquire(self, source: Source, manifest: Manifest, progress: Progress = no_progress,
+                fingerprint: str | None = None) -> Acquired:
         """The model as a local directory: a hit when published, else one fill per node (every
         other process asking meanwhile waits on the fill lock, then hits). The returned lease
-        must be held as long as the files are used."""
+        must be held as long as the files are used. `fingerprint`: the source's cheap identity
+        (see `known_manifest`), remembered with the key."""
         key = manifest.key
         self._dirs()
         lease = lock(self.locks / f"{key}.lease", exclusive=False)
@@ -96,11 +98,11 @@ class WeightCache:
                     if not (self.entries / key).is_dir():  # nobody filled it while we waited
                         t0 = time.monotonic()
                         self._fill(key, source, manifest, progress)
-                        self._remember(source.uri, key)
+                        self._remember(source.uri, key, fingerprint)
                         return Acquired(key, self.model_path(key), False, manifest.total_bytes,
                                         time.monotonic() - t0, lease)
             _touch(self.entries / key / _ENTRY)
-            self._remember(source.uri, key)
+            self._remember(source.uri, key, fingerprint)
             return Acquired(key, self.model_path(key), True, 0, 0.0, lease)
         except BaseException:
             lease.release()
@@ -208,11 +210,24 @@ class WeightCache:
         return EntryInfo(key, data["source"], manifest.total_bytes, len(manifest.files), _mtime(path),
                          is_locked(self.locks / f"{key}.lease"), (self.pins / key).exists(), self.model_path(key))
 
-    def _remember(self, uri: str, key: str) -> None:
+    def _remember(self, uri: str, key: str, fingerprint: str | None = None) -> None:
         name = hashlib.sha256(uri.encode()).hexdigest()[:32] + ".json"
         tmp = self.index / f".{name}.{os.getpid()}"
-        tmp.write_text(json.dumps({"uri": uri, "key": key}))
+        tmp.write_text(json.dumps({"uri": uri, "key": key, "fingerprint": fingerprint}))
         os.replace(tmp, self.index / name)
+
+    def known_manifest(self, uri: str, fingerprint: str) -> Manifest | None:
+        """The manifest `uri` resolved to last, if the source still has the same `fingerprint`
+        and the entry is still here: a local source is then not hashed again on every start."""
+        path = self.index / (hashlib.sha256(uri.encode()).hexdigest()[:32] + ".json")
+        try:
+            known = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        key = known.get("key")
+        if known.get("fingerprint") != fingerprint or not key or not (self.entries / key).is_dir():
+            return None
+        return self.manifest_of(key)
 
     # -- what the CLI and the warm pool use ------------------------------------------------
     def ls(self) -> list[EntryInfo]:

@@ -20,7 +20,7 @@ from hbmserve.core.cache_spec import WeightCacheSpec
 from hbmserve.weights.cache import Acquired, WeightCache
 from hbmserve.weights.errors import SourceUnavailable
 from hbmserve.weights.metrics import CacheMetrics
-from hbmserve.weights.sources import SourceOptions, parse_source
+from hbmserve.weights.sources import LocalDirSource, SourceOptions, parse_source
 
 # (bytes just written, total bytes of the model); the CLI draws its progress bar from it.
 FillProgress = Callable[[int, int], None]
@@ -59,15 +59,17 @@ def resolve(source: str, spec: WeightCacheSpec, *, model: str | None = None, met
     cache = cache_for(spec)
     src = parse_source(source, opts)
     offline = False
+    fingerprint = src.fingerprint() if isinstance(src, LocalDirSource) else None
     try:
-        manifest = src.manifest()
+        manifest = (fingerprint and cache.known_manifest(src.uri, fingerprint)) or src.manifest()
     except SourceUnavailable as e:
         key = cache.last_key(src.uri)
         if key is None:
             raise SourceUnavailable(f"{e}; and this node's cache ({cache.root}) holds no copy of it") from e
         manifest, offline = cache.manifest_of(key), True
     total = manifest.total_bytes
-    got = cache.acquire(src, manifest, (lambda n: progress(n, total)) if progress else lambda _n: None)
+    got = cache.acquire(src, manifest, (lambda n: progress(n, total)) if progress else lambda _n: None,
+                        fingerprint)
     if pin:
         cache.pin(got.key)
     if metrics is not None:

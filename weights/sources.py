@@ -12,6 +12,8 @@ the network and it fails fast, with the cause named, when the source cannot be r
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,6 +89,16 @@ class LocalDirSource:
     @property
     def uri(self) -> str:
         return str(self.path)
+
+    def fingerprint(self) -> str | None:
+        """Each file's path, size and modification time, hashed: what must change for the bytes
+        to change, in practice, at the cost of a stat per file. None with a published manifest
+        (it is read, not computed) or no directory."""
+        if not self.path.is_dir() or (self.path / MANIFEST_NAME).is_file():
+            return None
+        stats = sorted((p.relative_to(self.path).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
+                       for p in self.path.rglob("*") if p.is_file())
+        return hashlib.sha256(json.dumps(stats).encode()).hexdigest()
 
     def manifest(self) -> Manifest:
         if not self.path.is_dir():

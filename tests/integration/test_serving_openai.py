@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import openai
@@ -82,7 +83,7 @@ def test_too_many_tokens_and_too_long_prompt_are_400_then_still_serving(client, 
     assert ok.usage.completion_tokens == 4
 
 
-def test_status_json_reports_running_replica(served, cli):
+def test_status_json_reports_running_replica(served, cli, tiny_model_dir):
     r = cli("status", "--json", timeout=120)
     assert r.returncode == 0, r.stderr
     status = json.loads(r.stdout.strip().splitlines()[-1])
@@ -90,3 +91,11 @@ def test_status_json_reports_running_replica(served, cli):
     assert model["name"] == MODEL and model["app_status"] == "RUNNING"
     assert model["replicas"] == {"RUNNING": 1}
     assert model["endpoints"] == [served["url"]]
+    # The engine loaded its weights through the node's weight cache (a fill on a fresh node,
+    # a hit when an earlier replica on this machine filled it).
+    (replica,) = model["replica_stats"]
+    assert replica["weights_cached"] in (True, False) and replica["weights_s"] >= 0, replica
+    r = cli("cache", "ls", "--json", timeout=60)
+    assert r.returncode == 0, r.stderr
+    (entry,) = [e for e in json.loads(r.stdout)["entries"] if e["source"] == str(Path(tiny_model_dir).resolve())]
+    assert entry["in_use"], entry  # the running replica's lease: the cache may not evict it

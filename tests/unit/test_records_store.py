@@ -179,10 +179,11 @@ def test_a_replica_info_reply_is_a_valid_replica_info(monkeypatch):
     server = ENGINE_SERVERS[model.engine](model, "127.0.0.1", "token")  # not started
     endpoint = ReplicaEndpoint(app="m", deployment="engine-m", replica="abc", model="m",
                                url="http://127.0.0.1:40001", node_id="n" * 56, at=0.0)
-    attrs = dict(model=model, load_s=2.5, server=server, url=endpoint.url, endpoint=endpoint)
+    attrs = dict(model=model, load_s=2.5, server=server, url=endpoint.url, endpoint=endpoint, weights=None)
     info = store.read_replica_info(asyncio.run(built(EngineReplica, **attrs).info()))
     assert (info.replica, info.role, info.load_s, info.placement) == ("abc", ReplicaState.ACTIVE, 2.5, None)
     assert info.node_id == "n" * 56 and info.url == endpoint.url and info.healthy is False
+    assert (info.weights_s, info.weights_cached) == (None, None)  # the simulated engine has no weights
 
     # A planned replica reports the same record plus its placement check.
     report = PlacementReport(replica=0, placement_verified=True, reason="as planned", crossed=(),

@@ -74,3 +74,24 @@ def test_the_config_section_defaults_and_checks() -> None:
         parse_cluster_spec({"cache": {"root": "rel/dir"}, "models": [{"name": "m", "source": "/m"}]})
     with pytest.raises(ConfigError, match=r"cache\.max_gib"):
         parse_cluster_spec({"cache": {"max_gib": 0}, "models": [{"name": "m", "source": "/m"}]})
+
+
+def test_a_local_source_is_hashed_once_until_its_files_change(tmp_path, kit, monkeypatch) -> None:
+    """A hit from a local directory costs a stat per file, not a read of the whole model."""
+    import os
+
+    from hbmserve.weights import sources
+
+    src = kit.write_dir(tmp_path / "src", kit.model_files())
+    spec = WeightCacheSpec(root=str(tmp_path / "cache"))
+    hashed = []
+    real = sources.manifest_of_dir
+    monkeypatch.setattr(sources, "manifest_of_dir", lambda root: hashed.append(root) or real(root))
+    first = resolve(str(src), spec)
+    second = resolve(str(src), spec)
+    assert (first.hit, second.hit, len(hashed)) == (False, True, 1)
+    changed = next(p for p in sorted(src.iterdir()) if p.is_file())
+    changed.write_bytes(changed.read_bytes() + b"x")
+    os.utime(changed, ns=(1, 1))
+    third = resolve(str(src), spec)
+    assert (third.hit, len(hashed)) == (False, 2) and third.path != first.path
