@@ -38,7 +38,13 @@ class Helm:
         self._loop.run_until_complete(self._client.connect())
 
     def close(self) -> None:
+        import gc
+
         self._loop.run_until_complete(self._client.close())
+        # The stdio transport's finalizer needs the loop: let it run before the loop closes.
+        self._client = None
+        gc.collect()
+        self._loop.run_until_complete(asyncio.sleep(0))
         self._loop.close()
 
     def _call(self, coro):

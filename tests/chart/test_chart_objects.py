@@ -139,7 +139,7 @@ def test_the_config_names_files_where_the_secrets_are_mounted(rendered, name):
                 assert f.startswith(mounted[volume]["mountPath"] + "/"), (group, f)
 
 
-def test_existing_secrets_replace_the_charts_own(helm, kuberay_crds):
+def test_existing_secrets_replace_the_charts_own(helm, schemas):
     docs = helm.template(values={"auth": {"existingSecret": "team-keys"},
                                  "ray": {"auth": {"existingSecret": "ray-token"}},
                                  "internalToken": {"existingSecret": "front-door-token"}})
@@ -160,7 +160,7 @@ def test_existing_secrets_replace_the_charts_own(helm, kuberay_crds):
      {"persistentVolumeClaim": {"claimName": "weights"}}),
     ({"type": "emptyDir", "emptyDir": {"sizeLimit": "100Gi"}}, {"emptyDir": {"sizeLimit": "100Gi"}}),
 ])
-def test_weight_cache_volume_kinds_mount_where_the_cache_expects(helm, kuberay_crds, cache, expect):
+def test_weight_cache_volume_kinds_mount_where_the_cache_expects(helm, schemas, cache, expect):
     docs = helm.template(values={"weightCache": {"enabled": True, "mountPath": "/var/cache/hbmserve/weights", **cache}})
     for group, template in pod_templates(docs):
         volume = next(v for v in template["spec"]["volumes"] if v["name"] == "weight-cache")

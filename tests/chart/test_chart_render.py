@@ -30,14 +30,14 @@ def test_lint_strict_passes_with_nothing_to_report(helm, name):
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_every_rendered_object_is_valid_for_its_kind(rendered, kuberay_crds, name):
+def test_every_rendered_object_is_valid_for_its_kind(rendered, schemas, name):
     kinds = [d["kind"] for d in rendered[name]]
     assert kinds.count("RayService") == 1
     for doc in rendered[name]:
         validate(doc)
 
 
-def test_a_misspelt_field_fails_validation(rendered, kuberay_crds):
+def test_a_misspelt_field_fails_validation(rendered, schemas):
     """The RayService check is strict: KubeRay would drop an unknown field without a word."""
     import jsonschema
 

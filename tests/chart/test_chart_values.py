@@ -63,7 +63,7 @@ def test_exposing_the_dashboard_takes_an_explicit_value(helm):
     assert one(docs, "Service", "-dashboard")["spec"]["type"] == "LoadBalancer"
 
 
-def test_ingress_and_service_monitor_render_valid_objects_when_on(helm, kuberay_crds):
+def test_ingress_and_service_monitor_render_valid_objects_when_on(helm, schemas):
     docs = helm.template(values={
         "ingress": {"enabled": True, "className": "nginx",
                     "tls": [{"secretName": "tls", "hosts": ["llm.example.com"]}],
