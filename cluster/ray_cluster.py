@@ -186,30 +186,26 @@ def _wait_serving(spec: ClusterSpec, handle, timeout_s: float) -> str:
 
 
 def _placement_plans(spec: ClusterSpec) -> dict:
-    """model name -> (PlacementPlan, ClusterTopology) for every model the planner places.
+    """model name -> (PlacementPlan, ClusterTopology) for every model the planner places
+    (placed_app.plan_models: config order, each avoiding the GPUs of those before it).
 
-    Models are planned in config order on one topology, each avoiding the GPUs of those before
-    it. GPUs held by anything else in the live cluster are not known to the plan; Ray then cannot
+    GPUs held by anything else in the live cluster are not known to the plan; Ray then cannot
     create the placement group and the replica stays pending (visible in `hbmserve status`).
     """
-    placed = [m for m in spec.models if spec.plans_placement(m) and m.replicas > 0]
-    if not placed:
+    if not any(spec.plans_placement(m) and m.replicas > 0 for m in spec.models):
         return {}
-    from hbmserve.deployments.placed_app import infeasible_message, plan_model
+    from hbmserve.deployments.placed_app import infeasible_message, plan_models
     from hbmserve.placement.cluster_file import TopologyFileError, load_cluster_file
 
     try:
         topology = load_cluster_file(spec.topology)
     except TopologyFileError as err:
         raise ClusterError(f"topology: {err}") from None
-    plans, in_use = {}, frozenset()
-    for m in placed:
-        result = plan_model(m, topology, in_use)
-        if not result.feasible:
-            raise ClusterError(f"cannot deploy: {infeasible_message(m, result)}")
-        plans[m.name] = (result, topology)
-        in_use |= {g for r in result.replicas for g in r.members}
-    return plans
+    plans = plan_models(spec, topology)
+    for m in spec.models:
+        if m.name in plans and not plans[m.name].feasible:
+            raise ClusterError(f"cannot deploy: {infeasible_message(m, plans[m.name])}")
+    return {name: (result, topology) for name, result in plans.items()}
 
 
 # `hbmserve status --json` prints ModelStatus.to_dict(); tests/integration read its keys.

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Sequence
 
 from hbmserve.core.cache_spec import WeightCacheSpec
-from hbmserve.core.config import ModelSpec
+from hbmserve.core.config import ClusterSpec, ModelSpec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.records import PlacementReport, ReplicaInfo
 from hbmserve.core.scaling import ReplicaState
@@ -37,6 +37,19 @@ def plan_model(model: ModelSpec, topology: ClusterTopology, in_use: frozenset[Gp
     """The planner's answer for the model's fixed replica count (pure)."""
     p = model.parallelism
     return plan(PlacementRequest(tp=p.tp, pp=p.pp, replicas=model.replicas), topology, in_use=in_use)
+
+
+def plan_models(spec: ClusterSpec, topology: ClusterTopology) -> dict[str, PlacementPlan]:
+    """Every planned model's plan (models the planner places, with replicas), in config order on
+    one topology, each avoiding the GPUs of those before it (pure). An infeasible plan is returned
+    as is; the caller reports it. `hbmserve deploy` and the Serve config builders
+    (serve_config.py) both plan through here, so they place every replica alike."""
+    plans, in_use = {}, frozenset()
+    for m in spec.models:
+        if spec.plans_placement(m) and m.replicas > 0:
+            plans[m.name] = result = plan_model(m, topology, in_use)
+            in_use |= {g for r in result.replicas for g in r.members}
+    return plans
 
 
 def infeasible_message(model: ModelSpec, result: PlacementPlan) -> str:

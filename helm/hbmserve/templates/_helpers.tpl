@@ -1,0 +1,276 @@
+{{/* Names, labels, secrets, and the pieces every Ray pod shares. */}}
+
+{{- define "hbmserve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Kept to 40 characters: KubeRay appends a suffix and a hash to name the RayCluster and its pods. */}}
+{{- define "hbmserve.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "hbmserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hbmserve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "hbmserve.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "hbmserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "hbmserve.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/* Secret names: the user's existing Secret, or the one this chart creates. */}}
+{{- define "hbmserve.rayAuthSecret" -}}
+{{- .Values.ray.auth.existingSecret | default (printf "%s-ray-auth" (include "hbmserve.fullname" .)) }}
+{{- end }}
+
+{{- define "hbmserve.apiKeysSecret" -}}
+{{- .Values.auth.existingSecret | default (printf "%s-api-keys" (include "hbmserve.fullname" .)) }}
+{{- end }}
+
+{{- define "hbmserve.internalSecret" -}}
+{{- .Values.internalToken.existingSecret | default (printf "%s-internal" (include "hbmserve.fullname" .)) }}
+{{- end }}
+
+{{- define "hbmserve.topologyConfigMap" -}}
+{{- printf "%s-topology" (include "hbmserve.fullname" .) }}
+{{- end }}
+
+{{- define "hbmserve.topologyMountPath" -}}/etc/hbmserve/topology{{- end }}
+
+{{/* A random value that survives upgrades: the one already in the Secret, else a new one.
+     Args: (list $ secretName key length). `helm template` has no cluster, so it always makes a new one. */}}
+{{- define "hbmserve.keptRandom" -}}
+{{- $root := index . 0 }}{{- $name := index . 1 }}{{- $key := index . 2 }}{{- $length := index . 3 }}
+{{- $existing := lookup "v1" "Secret" $root.Release.Namespace $name }}
+{{- if and $existing (hasKey ($existing.data | default dict) $key) }}
+{{- index $existing.data $key | b64dec }}
+{{- else }}
+{{- randAlphaNum $length }}
+{{- end }}
+{{- end }}
+
+{{/* The number of front doors: one per Ray node the cluster starts with (head and workers). */}}
+{{- define "hbmserve.frontDoorReplicas" -}}
+{{- $n := 1 }}
+{{- range .Values.workerGroups }}{{- $n = add $n .replicas }}{{- end }}
+{{- $n }}
+{{- end }}
+
+{{/* The Serve config (Ray Serve's ServeDeploySchema) for serveConfigV2: one application per model
+     and the front door, built by hbmserve.deployments.serve_config from the cluster config as data.
+     Python's serve_config() writes the same structure; tests/chart compare the two. */}}
+{{- define "hbmserve.serveConfig" -}}
+{{- $cluster := deepCopy .Values.cluster }}
+{{- $serve := deepCopy (.Values.cluster.serve | default dict) }}
+{{- if .Values.auth.enabled }}
+{{- $auth := dict "keys_file" (printf "%s/%s" .Values.auth.mountPath .Values.auth.keysKey) }}
+{{- if .Values.auth.adminToken.enabled }}
+{{- $_ := set $auth "admin_token_file" (printf "%s/%s" .Values.auth.mountPath .Values.auth.adminTokenKey) }}
+{{- end }}
+{{- $_ := set $serve "auth" $auth }}
+{{- end }}
+{{- $_ := set $cluster "serve" $serve }}
+{{- if .Values.topology }}
+{{- $_ := set $cluster "topology" (printf "%s/cluster.yaml" (include "hbmserve.topologyMountPath" .)) }}
+{{- end }}
+{{- $tokenFile := printf "%s/%s" .Values.internalToken.mountPath .Values.internalToken.secretKey }}
+{{- $apps := list }}
+{{- range .Values.cluster.models }}
+{{- $args := dict "cluster" $cluster "internal_token_file" $tokenFile "model" .name }}
+{{- $apps = append $apps (dict "name" .name "import_path" "hbmserve.deployments.serve_config:model_app" "route_prefix" nil "args" $args) }}
+{{- end }}
+{{- $doorArgs := dict "cluster" $cluster "internal_token_file" $tokenFile "front_door_replicas" (include "hbmserve.frontDoorReplicas" . | int) }}
+{{- $apps = append $apps (dict "name" "hbmserve-frontdoor" "import_path" "hbmserve.deployments.serve_config:front_door_app" "route_prefix" nil "args" $doorArgs) }}
+{{- toYaml (dict "proxy_location" "Disabled" "http_options" (dict "host" (dig "http" "host" "127.0.0.1" $serve)) "applications" $apps) }}
+{{- end }}
+
+{{/* Environment of every Ray container. The Ray token comes from its Secret by reference, never inline. */}}
+{{- define "hbmserve.rayEnv" -}}
+{{- if .Values.ray.auth.enabled }}
+- name: RAY_AUTH_MODE
+  value: token
+- name: RAY_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "hbmserve.rayAuthSecret" . }}
+      key: auth_token
+{{- end }}
+{{- include "hbmserve.cacheEnv" . }}
+{{- if .Values.weightCache.enabled }}
+- name: HF_HOME
+  value: {{ printf "%s/huggingface" .Values.weightCache.mountPath }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* A read-only root filesystem: the caches of vLLM, PyTorch, Hugging Face and Triton go to the first
+     writable emptyDir. */}}
+{{- define "hbmserve.cacheEnv" -}}
+{{- with (first .Values.writableDirs) }}
+- name: XDG_CACHE_HOME
+  value: {{ printf "%s/.cache" . }}
+- name: XDG_CONFIG_HOME
+  value: {{ printf "%s/.config" . }}
+- name: TRITON_HOME
+  value: {{ . }}
+{{- end }}
+{{- end }}
+
+{{- define "hbmserve.volumeMounts" -}}
+- name: dshm
+  mountPath: /dev/shm
+{{- range $i, $dir := .Values.writableDirs }}
+- name: {{ printf "scratch-%d" $i }}
+  mountPath: {{ $dir }}
+{{- end }}
+- name: internal-token
+  mountPath: {{ .Values.internalToken.mountPath }}
+  readOnly: true
+{{- if .Values.auth.enabled }}
+- name: api-keys
+  mountPath: {{ .Values.auth.mountPath }}
+  readOnly: true
+{{- end }}
+{{- if .Values.topology }}
+- name: topology
+  mountPath: {{ include "hbmserve.topologyMountPath" . }}
+  readOnly: true
+{{- end }}
+{{- if .Values.weightCache.enabled }}
+- name: weight-cache
+  mountPath: {{ .Values.weightCache.mountPath }}
+{{- end }}
+{{- if .Values.tinyModel.enabled }}
+- name: tiny-model
+  mountPath: {{ .Values.tinyModel.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "hbmserve.volumes" -}}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.sharedMemorySize }}
+{{- range $i, $dir := .Values.writableDirs }}
+- name: {{ printf "scratch-%d" $i }}
+  emptyDir: {}
+{{- end }}
+- name: internal-token
+  secret:
+    secretName: {{ include "hbmserve.internalSecret" . }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.internalToken.secretKey }}
+        path: {{ .Values.internalToken.secretKey }}
+{{- if .Values.auth.enabled }}
+- name: api-keys
+  secret:
+    secretName: {{ include "hbmserve.apiKeysSecret" . }}
+    defaultMode: 0440
+{{- end }}
+{{- if .Values.topology }}
+- name: topology
+  configMap:
+    name: {{ include "hbmserve.topologyConfigMap" . }}
+{{- end }}
+{{- if .Values.weightCache.enabled }}
+{{- $c := .Values.weightCache }}
+- name: weight-cache
+{{- if eq $c.type "hostPath" }}
+  hostPath:
+    path: {{ $c.hostPath.path }}
+    type: {{ $c.hostPath.type }}
+{{- else if eq $c.type "ephemeral" }}
+  ephemeral:
+    volumeClaimTemplate:
+      metadata:
+        labels:
+          {{- include "hbmserve.selectorLabels" . | nindent 10 }}
+      spec:
+        accessModes: [ReadWriteOnce]
+        {{- with $c.ephemeral.storageClassName }}
+        storageClassName: {{ . }}
+        {{- end }}
+        resources:
+          requests:
+            storage: {{ $c.ephemeral.size }}
+{{- else if eq $c.type "persistentVolumeClaim" }}
+  persistentVolumeClaim:
+    claimName: {{ required "weightCache.persistentVolumeClaim.claimName is required when weightCache.type is persistentVolumeClaim" $c.persistentVolumeClaim.claimName }}
+{{- else }}
+  emptyDir:
+    {{- with $c.emptyDir.sizeLimit }}
+    sizeLimit: {{ . }}
+    {{- else }} {}
+    {{- end }}
+{{- end }}
+{{- end }}
+{{- if .Values.tinyModel.enabled }}
+- name: tiny-model
+  emptyDir: {}
+{{- end }}
+{{- end }}
+
+{{/* Init containers of every Ray pod: the tiny model, when asked for, written before Ray starts. */}}
+{{- define "hbmserve.initContainers" -}}
+{{- if .Values.tinyModel.enabled }}
+- name: tiny-model
+  image: {{ include "hbmserve.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: [hbmserve, model, tiny, --out, {{ printf "%s/tiny-llama" .Values.tinyModel.mountPath | quote }}]
+  env:
+    {{- include "hbmserve.cacheEnv" . | trim | nindent 4 }}
+  resources:
+    requests: {cpu: 500m, memory: 1Gi}
+    limits: {memory: 1Gi}
+  securityContext:
+    {{- toYaml .Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    - name: tiny-model
+      mountPath: {{ .Values.tinyModel.mountPath }}
+    {{- range $i, $dir := .Values.writableDirs }}
+    - name: {{ printf "scratch-%d" $i }}
+      mountPath: {{ $dir }}
+    {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Pod-level fields every Ray pod shares. */}}
+{{- define "hbmserve.podCommon" -}}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (include "hbmserve.initContainers" .) }}
+initContainers:
+  {{- . | trim | nindent 2 }}
+{{- end }}
+volumes:
+  {{- include "hbmserve.volumes" . | nindent 2 }}
+{{- end }}
+
+{{/* `ray start --resources` takes a JSON object; KubeRay passes the value through a shell, hence the quotes. */}}
+{{- define "hbmserve.rayResourcesParam" -}}
+{{- printf "%q" (toJson .) }}
+{{- end }}

@@ -1,0 +1,122 @@
+"""Bad values are refused before anything is installed, each with a message naming the value; the
+optional parts render and validate when switched on; every value is documented for helm-docs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from tests.chart.chart_support import CHART, DATA, HelmFailed, one, validate
+
+
+def test_a_bad_values_file_is_rejected_naming_each_bad_value(helm):
+    values = yaml.safe_load((DATA / "bad-values.yaml").read_text())
+    with pytest.raises(HelmFailed) as err:
+        helm.template(DATA / "bad-values.yaml")
+    message = str(err.value)
+    assert "values don't meet the specifications of the schema" in message
+    assert "at '/cluster/models/0/parallelism/tp': minimum: got 0, want 1" in message
+    assert "at '/cluster/models/0/engine': value must be one of 'vllm-gpu', 'vllm-cpu', 'sim'" in message
+    assert "at '/workerGroups/0/gpus': got string, want integer" in message
+    report = helm.lint(values)
+    assert not report["passed"]
+    assert any("/cluster/models/0/parallelism/tp" in m["message"] for m in report["messages"] if m["severity"] == "ERROR")
+
+
+@pytest.mark.parametrize(("values", "says"), [
+    ({"cluster": {"serve": {"auth": {"keys_file": "/k"}}}}, "at '/cluster/serve': additional properties 'auth' not allowed"),
+    ({"cluster": {"topology": "/t.yaml"}}, "at '/cluster': additional properties 'topology' not allowed"),
+    ({"workerGroups": []}, "at '/workerGroups': minItems: got 0, want 1"),
+    ({"workerGroups": [{"name": "GPU_A", "replicas": 1, "minReplicas": 1, "maxReplicas": 1}]},
+     "at '/workerGroups/0/name'"),
+    ({"weightCache": {"type": "nfs"}}, "at '/weightCache/type': value must be one of"),
+    ({"ray": {"version": "2.40.0"}}, "at '/ray/version'"),
+    ({"upgradeStrategy": "Replace"}, "at '/upgradeStrategy': value must be one of"),
+])
+def test_the_schema_names_the_value_at_fault(helm, values, says):
+    with pytest.raises(HelmFailed, match=re.escape(says)):
+        helm.template(values=values)
+
+
+@pytest.mark.parametrize(("values", "says"), [
+    ({"dashboard": {"service": {"type": "LoadBalancer"}}}, "set dashboard.exposeOutsideCluster: true"),
+    ({"workerGroups": [{"name": "a", "replicas": 3, "minReplicas": 1, "maxReplicas": 2}]},
+     "workerGroups[0] (a): need minReplicas <= replicas <= maxReplicas, got 1 <= 3 <= 2"),
+    ({"workerGroups": [{"name": "a", "replicas": 1, "minReplicas": 1, "maxReplicas": 1},
+                       {"name": "a", "replicas": 1, "minReplicas": 1, "maxReplicas": 1}]},
+     "workerGroups[1].name: a is used by another group"),
+    ({"workerGroups": [{"name": "a", "topologyNode": "box", "replicas": 1, "minReplicas": 1, "maxReplicas": 4}]},
+     "topologyNode box is one machine"),
+    ({"grafanaDashboard": {"enabled": True}}, "no dashboards/hbmserve.json yet"),
+    ({"weightCache": {"enabled": True, "type": "persistentVolumeClaim"}},
+     "weightCache.persistentVolumeClaim.claimName is required"),
+])
+def test_what_the_schema_cannot_say_the_templates_refuse_clearly(helm, values, says):
+    with pytest.raises(HelmFailed, match=re.escape(says)):
+        helm.template(values=values)
+
+
+def test_exposing_the_dashboard_takes_an_explicit_value(helm):
+    docs = helm.template(values={"dashboard": {"exposeOutsideCluster": True, "service": {"type": "LoadBalancer"}}})
+    assert one(docs, "Service", "-dashboard")["spec"]["type"] == "LoadBalancer"
+
+
+def test_ingress_and_service_monitor_render_valid_objects_when_on(helm, schemas):
+    docs = helm.template(values={
+        "ingress": {"enabled": True, "className": "nginx",
+                    "tls": [{"secretName": "tls", "hosts": ["llm.example.com"]}],
+                    "hosts": [{"host": "llm.example.com", "paths": [{"path": "/", "pathType": "Prefix"}]}]},
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}})
+    ingress = one(docs, "Ingress")
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": one(docs, "Service", "-hbmserve")["metadata"]["name"], "port": {"name": "http"}}
+    monitor = one(docs, "ServiceMonitor")
+    metrics = one(docs, "Service", "-metrics")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= metrics["metadata"]["labels"].items()
+    assert metrics["spec"]["clusterIP"] == "None" and metrics["spec"]["ports"][0]["targetPort"] == "metrics"
+    for doc in docs:
+        validate(doc)
+
+
+def test_auth_off_leaves_the_config_without_keys(helm):
+    docs = helm.template(values={"auth": {"enabled": False}})
+    from tests.chart.chart_support import serve_config
+
+    assert "auth" not in serve_config(docs)["applications"][0]["args"]["cluster"]["serve"]
+    assert not [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-api-keys")]
+
+
+def _undocumented(lines: list[str]) -> list[str]:
+    """Keys of values.yaml with no `# --` comment on them or on a key above them (helm-docs reads those)."""
+    missing, documented = [], []  # documented: indents of the open keys that carry a comment
+    for i, line in enumerate(lines):
+        m = re.match(r"^( *)([A-Za-z][\w.-]*):", line)
+        if not m:
+            continue
+        indent = len(m.group(1))
+        documented = [d for d in documented if d < indent]
+        comments = []  # the comment block right above the key
+        for j in range(i - 1, -1, -1):
+            if not lines[j].strip().startswith("#"):
+                break
+            comments.append(lines[j].strip())
+        has = any(c.startswith("# --") for c in comments)
+        if has:
+            documented.append(indent)
+        elif not documented and not _has_children(lines, i, indent):
+            missing.append(m.group(2))
+    return missing
+
+
+def _has_children(lines: list[str], i: int, indent: int) -> bool:
+    nxt = next((line for line in lines[i + 1:] if line.strip() and not line.strip().startswith("#")), "")
+    return len(nxt) - len(nxt.lstrip()) > indent and not nxt.lstrip().startswith("- ")
+
+
+def test_every_value_is_documented_for_helm_docs():
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    assert _undocumented(lines) == []
+    assert _undocumented(["a:", "  b: 1", "# -- doc", "c: 2"]) == ["b"]
