@@ -86,6 +86,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $_ := set $serve "auth" $auth }}
 {{- end }}
 {{- $_ := set $cluster "serve" $serve }}
+{{- /* The weight cache lives on its volume, else on a writable scratch dir: `~` is read-only here. */}}
+{{- $cache := deepCopy ($cluster.cache | default dict) }}
+{{- if .Values.weightCache.enabled }}
+{{- $_ := set $cache "root" .Values.weightCache.mountPath }}
+{{- else if not (hasKey $cache "root") }}
+{{- $_ := set $cache "root" (printf "%s/hbmserve-weights" (first .Values.writableDirs)) }}
+{{- end }}
+{{- $_ := set $cluster "cache" $cache }}
 {{- if .Values.topology }}
 {{- $_ := set $cluster "topology" (printf "%s/cluster.yaml" (include "hbmserve.topologyMountPath" .)) }}
 {{- end }}
