@@ -16,13 +16,16 @@ from hbmserve.autoscale.policy import AutoscaleConfig
 from hbmserve.core.config import ModelSpec
 
 
-def autoscale_config_for(model: ModelSpec,
-                         estimated_capacity_rps: float | None = None) -> AutoscaleConfig | None:
+def autoscale_config_for(model: ModelSpec, estimated_capacity_rps: float | None = None,
+                         tpot_floor_s: float | None = None) -> AutoscaleConfig | None:
     """None when the model has a fixed replica count.
 
     `estimated_capacity_rps`: requests/s one replica sustains at the SLO, as a driver estimated
     it from the traffic it replays (the capacity model at the trace's lengths). It is used only
     when the config file does not state `replica_capacity_rps`, which always wins.
+    `tpot_floor_s`: the lowest TPOT a replica reaches with the model's engine settings, from the
+    capacity model (capacity/scenario.py `tpot_floor_s`; this brain may not import it, so every
+    driver passes it in); None: unknown, every TPOT miss is taken as one replicas can fix.
     """
     a = model.autoscaling
     if a is None:
@@ -42,4 +45,5 @@ def autoscale_config_for(model: ModelSpec,
         warm_pool_min=a.warm_pool.min, warm_pool_max=a.warm_pool.max,
         upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s,
         downscale_cooldown_s=a.downscale_cooldown_s,
+        tpot_floor_s=tpot_floor_s,
     )

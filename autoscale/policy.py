@@ -40,7 +40,10 @@ How a decision is made, each term in the reason string:
   active·p95/target replicas bring it to target (at most `max_latency_growth`× per step). The
   fixed part of a step (weights read once per step) does not shrink with the batch, so this
   under-asks when p95 is far over target; the next step after the blind window corrects it.
-  Same blind window as TTFT after a scale-up, and the same rule for the queue's echo.
+  Same blind window as TTFT after a scale-up, and the same rule for the queue's echo. When the
+  target is at or below `tpot_floor_s` (one sequence decoding alone already takes that long with
+  these engine settings) no replica count reaches it, and the TPOT need is 0: chasing it would
+  only run the fleet to max_replicas.
 * Up: target = max(needs) once the wish has lasted `upscale_delay_s` when a symptom (queue,
   TTFT, TPOT, ingress backlog) asks for it, or `rate_upscale_delay_s` when only the rate forecast
   does: a rate averaged over a window wanders for about that window under a constant load,
@@ -114,6 +117,10 @@ class AutoscaleConfig:
     slope_noise_window_s: float = 300.0  # memory of how much the slope estimate wanders
     # p95 TPOT target (s), from the SLO; None: TPOT is no signal.
     tpot_p95_target_s: float | None = None
+    # The lowest TPOT a replica reaches with these engine settings (one sequence decoding alone;
+    # the capacity model's figure, passed in by the config builder). A target at or below it is
+    # a miss replicas cannot fix, so the TPOT signal then asks for none. None: unknown.
+    tpot_floor_s: float | None = None
     min_latency_samples: int = 5  # fewer TTFT (or TPOT) samples than this are no signal
     max_latency_growth: float = 2.0  # most a TTFT or TPOT need multiplies the actives per step
     # A fraction of the TTFT target, not of the idle TTFT: long prompts alone can take half of it.

@@ -157,10 +157,18 @@ def needs_of(signals: Signals, config: AutoscaleConfig) -> Needs:
                          replica_rps=capacity, horizon_s=help_s, drain_s=drain_s),
         ttft=latency_need(signals.ttft_p95_s, config.ttft_p95_target_s, load.active,
                           config.max_latency_growth, signals.muted),
-        tpot=latency_need(signals.tpot_p95_s, config.tpot_p95_target_s, load.active,
-                          config.max_latency_growth, signals.muted),
+        tpot=0 if tpot_unreachable(config) else latency_need(
+            signals.tpot_p95_s, config.tpot_p95_target_s, load.active, config.max_latency_growth,
+            signals.muted),
         ingress=1 if load.pending > 0 else 0,
     )
+
+
+def tpot_unreachable(config: AutoscaleConfig) -> bool:
+    """The TPOT target is at or below what one sequence decoding alone takes with these engine
+    settings: no replica count reaches it (policy.py, "TPOT need")."""
+    return (config.tpot_p95_target_s is not None and config.tpot_floor_s is not None
+            and config.tpot_floor_s >= config.tpot_p95_target_s)
 
 
 @dataclass(frozen=True)
@@ -303,6 +311,9 @@ def explain(outcome: Outcome, signals: Signals, needs: Needs, pool: PoolSizing,
     else:
         tpot = (f"p95 TPOT {1000 * p_tpot:.0f}ms/{1000 * tpot_target:.0f}ms from "
                 f"{signals.tpot_samples} samples{ignored}")
+    if tpot_unreachable(config):
+        tpot += (f" (not chased: one sequence alone decodes at {1000 * config.tpot_floor_s:.0f}ms "
+                 f"with these engine settings, replicas cannot fix it)")
     refill = ""
     if load.standby < pool.hot or signals.warm_ready < pool.warm:
         refill = (f"; refill hot {load.standby}→{pool.hot}, "

@@ -23,6 +23,17 @@ WEIGHT_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 
 INT4_GROUP_SIZE = 128
 # Names vLLM accepts for `quantization`, mapped to the weight format they imply.
 QUANT_ALIASES: dict[str, str] = {"fp8": "fp8", "int8": "int8", "int4": "int4", "awq": "int4", "gptq": "int4"}
+# What a weight format costs in answer quality. bf16 is the reference; fp8 (E4M3 weights and
+# activations with per-channel scales) scores within evaluation noise of it in vLLM's and
+# NVIDIA's published results, so the planner offers both by default. The formats named here
+# have a known loss and are searched only when asked for (`hbmserve plan --quantization`).
+QUALITY_TRADEOFFS: dict[str, str] = {
+    "int8": "int8 (W8A8) trades a small accuracy loss, task-dependent, for half the weight bytes; "
+            "check it on your own evaluations",
+    "int4": "int4 weights (AWQ/GPTQ) lose measurable accuracy, most on reasoning, code and long "
+            "contexts; check it on your own evaluations before buying",
+}
+NO_KNOWN_LOSS: tuple[str, ...] = ("bf16", "fp8")
 
 
 class ModelConfigError(ValueError):

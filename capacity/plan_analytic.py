@@ -114,8 +114,9 @@ def estimate(cost: StepCostModel, k: EngineKnobs, w: Workload, rate: float) -> L
 
 
 def capacity_rps(cost: StepCostModel, k: EngineKnobs, w: Workload, slo_ttft_s: float,
-                 slo_tpot_s: float) -> tuple[float, LoadEstimate]:
-    """Highest per-replica rate that meets both p95 SLOs under the utilisation cap (0 if none).
+                 slo_tpot_s: float, utilisation_cap: float = UTILISATION_CAP) -> tuple[float, LoadEstimate]:
+    """Highest per-replica rate that meets both p95 SLOs under the utilisation cap (0 if none);
+    `utilisation_cap` 1.0 gives the rate the SLO alone allows (what the simulator measures).
 
     Returns the rate and the estimate at a light load (used to explain an infeasible config).
     """
@@ -123,7 +124,7 @@ def capacity_rps(cost: StepCostModel, k: EngineKnobs, w: Workload, slo_ttft_s: f
 
     def ok(rate: float) -> bool:
         e = estimate(cost, k, w, rate)
-        return (not e.overloaded and e.utilisation <= UTILISATION_CAP
+        return (not e.overloaded and e.utilisation <= utilisation_cap
                 and e.ttft_p95_s <= slo_ttft_s and e.tpot_p95_s <= slo_tpot_s)
 
     if not ok(1e-3):

@@ -19,7 +19,9 @@ from hbmserve.core.engine_settings import EngineKind
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import GpuProfile, get_gpu
 from hbmserve.capacity.model_shape import ModelShape, load_model_shape
-from hbmserve.capacity.perf_model import Deployment, memory_fit
+from hbmserve.capacity.perf_model import Deployment, cost_model, memory_fit
+from hbmserve.capacity.plan_analytic import EngineKnobs, Workload
+from hbmserve.capacity.slo_cap import LIGHT_RPS, SloCheck, slo_check
 
 BLOCK_SIZE = 16
 GIB = 1024**3
@@ -91,3 +93,37 @@ def scenario_for(m: ModelSpec, catalog: dict[str, GpuProfile], gpu_override: str
     except ValueError as err:
         raise ScenarioError(f"models.{m.name}.engine_settings: {err}") from None
     return Scenario(dep, engine, m.replicas, gpu.usd_per_gpu_hour, m.slo.ttft_p95_ms / 1e3, m.slo.tpot_p95_ms / 1e3)
+
+
+def knobs_of(sc: Scenario) -> EngineKnobs:
+    e = sc.engine
+    return EngineKnobs(e.max_num_seqs, e.max_num_batched_tokens, e.enable_chunked_prefill,
+                       e.num_blocks * e.block_size)
+
+
+def tpot_floor_s(sc: Scenario) -> float:
+    """The lowest TPOT a replica of `sc` reaches at any load: one sequence decoding alone, at half
+    the context window (traffic is unknown where the policy's config is built; the context moves
+    a decode step little next to the weights it reads). The policy does not chase a TPOT target
+    below it with replicas (autoscale/stages.py `needs_of`)."""
+    return float(cost_model(sc.deployment).step_time(1, sc.engine.max_model_len / 2))
+
+
+def scenario_slo_check(sc: Scenario, w: Workload, lightest_rps: float = LIGHT_RPS) -> SloCheck:
+    """`slo_check` for a config entry: can its engine settings meet its SLO on `w` at some
+    replica count (per-replica load down to `lightest_rps`)?"""
+    return slo_check(cost_model(sc.deployment), knobs_of(sc), w, sc.slo_ttft_s, sc.slo_tpot_s, lightest_rps)
+
+
+NOMINAL_PROMPT_TOKENS = 2048
+NOMINAL_OUTPUT_TOKENS = 128
+
+
+def nominal_workload(sc: Scenario) -> Workload:
+    """What a check with no traffic to go by judges: a 2,048-token prompt (or half the context
+    window, if shorter) and 128 output tokens."""
+    mml = sc.engine.max_model_len
+    prompt = float(min(NOMINAL_PROMPT_TOKENS, max(1, mml // 2)))
+    out = float(min(NOMINAL_OUTPUT_TOKENS, max(1, mml - int(prompt))))
+    return Workload(rate_rps=LIGHT_RPS, peak_rps=LIGHT_RPS, prompt_mean=prompt, output_mean=out,
+                    prompt_p95=prompt, max_len=int(prompt + out))

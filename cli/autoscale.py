@@ -7,7 +7,9 @@ exits 2.
 `evaluate --json` prints one JSON object for one policy; for `--policy all`, an object with the
 run's settings and `policies`: {name: object}. Each object carries at least slo_attainment,
 ttft_p95_s, gpu_hours, cost_usd, scale_actions, scale_actions_per_hour and dropped_requests
-(see sim/evaluate.py for how each is counted).
+(see sim/evaluate.py for how each is counted). The single object, or the settings of `all`,
+also carry `slo_feasible` and `slo_blocker`: whether the config's engine settings can meet
+its SLO on this trace at any replica count up to max_replicas (capacity/slo_cap.py), and why not.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def evaluate_cmd(
     from hbmserve.core.scaling import Tier
     from hbmserve.capacity.arrivals import read_trace
 
+    from hbmserve.cli.capacity import slo_check_for, warn_slo
     from hbmserve.sim.evaluate import TraceScaling, eval_config, evaluate, load_eval_cluster, scale_trace
 
     names = list(POLICIES) if policy == ALL else [policy]
@@ -91,6 +94,8 @@ def evaluate_cmd(
         auto = eval_config(cluster, arr)
     except _user_errors() as err:
         raise _fail(str(err)) from None
+    check = slo_check_for(cluster.scenario, arr, auto.max_replicas)
+    warn_slo(check, cluster.model_name)
     results, wall = [], {}
     for name in names:
         t0 = time.perf_counter()
@@ -105,10 +110,11 @@ def evaluate_cmd(
     settings = {"trace": str(trace), "cluster": cluster.source, "model": cluster.model_name,
                 "time_scale": time_scale, "token_scale": token_scale, "clip_s": clip,
                 "startup_s": {t.value: s for t, s in auto.startup_s.items()},
-                "decision_interval_s": interval}
+                "decision_interval_s": interval, **check.to_json_dict()}
     if json_out:
         objs = {r.policy: {**r.to_json_dict(), "sim_wall_s": wall[r.policy]} for r in results}
-        out: dict[str, Any] = objs[policy] if policy != ALL else {**settings, "policies": objs}
+        out: dict[str, Any] = ({**objs[policy], **check.to_json_dict()} if policy != ALL
+                               else {**settings, "policies": objs})
         typer.echo(json.dumps(out))
     else:
         _print_table(results, settings, len(arr), arr.duration_s)

@@ -94,6 +94,7 @@ def _registry_policy(name: str, m: Any, sc: Any, arr: Any) -> tuple[Any, Any, di
     file does not state it."""
     from hbmserve.autoscale.config import autoscale_config_for
     from hbmserve.autoscale.registry import POLICIES
+    from hbmserve.capacity.scenario import tpot_floor_s
     from hbmserve.sim.evaluate import estimate_capacity_rps
 
     entry = POLICIES.get(name)
@@ -102,7 +103,7 @@ def _registry_policy(name: str, m: Any, sc: Any, arr: Any) -> tuple[Any, Any, di
     if m.autoscaling is None:
         raise _fail(f"models.{m.name}.autoscaling: missing; --policy {name} needs min_replicas and "
                     f"max_replicas")
-    config = autoscale_config_for(m, estimate_capacity_rps(sc, arr, m.name))
+    config = autoscale_config_for(m, estimate_capacity_rps(sc, arr, m.name), tpot_floor_s(sc))
     cfg = entry.make_config(config, arr.rate_peak())
     return (lambda snapshot, state: entry.decide(snapshot, cfg, state)), entry.initial_state(), \
         config.startup_s
@@ -180,9 +181,11 @@ def simulate_cmd(
         result = simulate(cluster, arr, binding)
         wall = time.perf_counter() - t0
     s = result.summary
+    check = slo_check_for(sc, arr, m.autoscaling.max_replicas if policy and m.autoscaling else None)
+    warn_slo(check, m.name)
     out = {**s.to_json_dict(), "sim_wall_s": wall, "model": m.name, "gpu": sc.deployment.gpu.name,
            "model_shape": sc.deployment.model.name, "tp": sc.deployment.tp, "pp": sc.deployment.pp,
-           "replicas": sc.replicas, "usd_per_gpu_hour": sc.usd_per_gpu_hour}
+           "replicas": sc.replicas, "usd_per_gpu_hour": sc.usd_per_gpu_hour, **check.to_json_dict()}
     if plot is not None:
         from hbmserve.sim.plots import plot_timeseries
 
@@ -197,6 +200,27 @@ def simulate_cmd(
     _print_sim(out, s.rejected)
     if plot is not None:
         typer.echo(f"time series written to {plot}")
+
+
+def slo_check_for(sc: Any, arr: Any, max_replicas: int | None) -> Any:
+    """Can the config meet its SLO on this trace at some replica count? Judged at the lightest load
+    per replica its fleet can run: the busiest minute over max_replicas when the fleet scales,
+    one request at a time when the replica count is the user's to choose (capacity/slo_cap.py)."""
+    from hbmserve.capacity.scenario import scenario_slo_check
+    from hbmserve.capacity.slo_cap import LIGHT_RPS
+    from hbmserve.sim.planner import workload_of
+
+    w = workload_of(arr)
+    return scenario_slo_check(sc, w, w.peak_rps / max_replicas if max_replicas else LIGHT_RPS)
+
+
+def warn_slo(check: Any, model_name: str) -> None:
+    """One stderr line when the SLO cannot be met, or holds only at light load per replica."""
+    if check.blocker:
+        typer.echo(f"warning: models.{model_name}: cannot meet its SLO at any replica count: {check.blocker}",
+                   err=True)
+    elif check.advice:
+        typer.echo(f"warning: models.{model_name}: {check.advice}", err=True)
 
 
 def _print_sim(out: dict[str, Any], rejected: int) -> None:
@@ -247,6 +271,9 @@ def plan_cmd(
     max_gpus: Annotated[int, typer.Option("--max-gpus", help="limit on GPUs in one plan")] = 512,
     catalog: Annotated[Optional[Path], typer.Option("--catalog", help="hardware catalog YAML")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    quantization: Annotated[Optional[str], typer.Option("--quantization", help="weight formats to search, "
+                                                        "comma list of bf16, fp8, int8, int4 (default: bf16,fp8, "
+                                                        "the formats without a known quality loss)")] = None,
 ) -> None:
     """Search GPU x TP x PP x quantisation x engine knobs x replicas for the cheapest plan meeting the SLO."""
     from hbmserve.sim.cluster_sim import SLOSpec
@@ -270,6 +297,7 @@ def plan_cmd(
         names = [resolve_gpu_name(g, cat) for g in gpus.split(",") if g.strip()] if gpus else \
             [n for n in cat if n != "cpu-local"]
         shape = load_model_shape(model)
+        quants = _quantizations(quantization) if quantization is not None else SearchSpace().quantizations
         arr = _arrivals(trace, rate, duration, prompt_tokens, output_tokens, 1.0, seed, 1.0)
     except _user_errors() as err:
         raise _fail(str(err)) from None
@@ -277,7 +305,8 @@ def plan_cmd(
     slo = SLOSpec(slo_ttft_p95, slo_tpot_p95)
     with _progress(not json_out) as bar:
         task = bar.add_task("planning", total=1)
-        result = plan(shape, [cat[n] for n in names], arr, slo, SearchSpace(max_total_gpus=max_gpus),
+        result = plan(shape, [cat[n] for n in names], arr, slo,
+                      SearchSpace(max_total_gpus=max_gpus, quantizations=quants),
                       confirm_top=confirm_top, sim_arrivals=sim_arr,
                       progress=lambda d, t, label: bar.update(task, completed=d, total=t, description=label))
     if plot is not None and result.plans:
@@ -292,8 +321,20 @@ def plan_cmd(
             typer.echo(f"frontier written to {plot}")
     if not result.feasible:
         if not json_out:
-            typer.echo("no plan meets the SLO; the first row is the closest", err=True)
+            typer.echo("no confirmed plan meets the SLO; the first row is the closest", err=True)
         raise typer.Exit(EXIT_INFEASIBLE)
+
+
+def _quantizations(text: str) -> tuple[str | None, ...]:
+    """`--quantization bf16,fp8` -> (None, "fp8"); unknown names are a user error."""
+    from hbmserve.capacity.model_shape import ModelConfigError, weight_format
+
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ModelConfigError("--quantization: name at least one weight format (bf16, fp8, int8, int4)")
+    for n in names:
+        weight_format(n)  # raises ModelConfigError naming the known formats
+    return tuple(dict.fromkeys(None if n in ("bf16", "none") else n for n in names))
 
 
 def _console():
@@ -309,25 +350,44 @@ def _print_plans(result: Any, top: int, model_name: str) -> None:
     from rich.table import Table
 
     c = _console()
-    t = Table("#", "layout", "replicas+warm", "seqs/budget/chunked", "TTFT p95 s", "TPOT p95 ms", "$/h", "$/Mtok",
-              "ok", "by", title=f"plans for {model_name} ({result.configs_evaluated} configurations, "
+    t = Table("#", "layout", "replicas+warm", "seqs/budget/chunked", "TTFT p95 s", "TPOT p95 ms", "$/h",
+              "$/Mtok in/out/blended", "$/1k req", "model err", "status",
+              title=f"plans for {model_name} ({result.configs_evaluated} configurations, "
               f"{result.simulated} simulated)")
+    style = {"confirmed": "[green]confirmed[/]", "candidate": "[yellow]candidate[/]"}
     for i, p in enumerate(result.plans[:top], start=1):
-        layout = f"{p.gpu} TP{p.tp}" + (f" PP{p.pp}" if p.pp > 1 else "") + f" {p.quantization}"
         engine = f"{p.max_num_seqs}/{p.max_num_batched_tokens}/{'on' if p.chunked_prefill else 'off'}"
-        t.add_row(str(i), layout, f"{p.replicas}+{p.warm_replicas}", engine, _fmt(p.ttft_p95_s),
-                  _fmt(p.tpot_p95_s, 1e3, 1), f"{p.usd_per_hour:.2f}", _fmt(p.usd_per_mtok),
-                  "[green]yes[/]" if p.feasible else "[red]no[/]", p.source)
+        k, err = p.costs, p.analytic_error
+        tokens = "-" if k is None else \
+            f"{k.usd_per_mtok_input:.3f}/{k.usd_per_mtok_output:.3f}/{k.usd_per_mtok_blended:.3f}"
+        t.add_row(str(i), p.layout + (" [red]*[/]" if p.quality_note else ""), f"{p.replicas}+{p.warm_replicas}",
+                  engine, _fmt(p.ttft_p95_s), _fmt(p.tpot_p95_s, 1e3, 1), f"{p.usd_per_hour:.2f}", tokens,
+                  _fmt(k and k.usd_per_1k_requests), "-" if err is None else f"{err:+.0%}",
+                  style.get(p.status, f"[red]{p.status}[/]"))
     c.print(t)
+    notes = {p.quantization: p.quality_note for p in result.plans[:top] if p.quality_note}
+    for fmt, note in notes.items():
+        c.print(f"[red]*[/] {fmt}: {note}", highlight=False)
+    c.print("Confirmed plans met the SLO in the simulator on this trace; candidates are the analytic model's "
+            "estimate only. Model err: analytic capacity per replica vs simulated. Input and output tokens are "
+            "charged the replica time each uses (docs/benchmarks.md, Capacity).", style="dim")
     c.print(result.why)
-    if not result.feasible and result.plans:
+    if not result.feasible and result.plans and result.plans[0].status != "candidate":
         c.print(f"[red]blocked:[/] {result.plans[0].reason}")
     if result.plans:
         from hbmserve.sim.planner import AUTOSCALING_KEYS
 
-        section = result.plans[0].autoscaling().model_dump(include=AUTOSCALING_KEYS)
-        c.print("the first plan as the model's config section: autoscaling: "
-                + "{" + ", ".join(f"{k}: {v:g}" for k, v in section.items()) + "}", highlight=False)
+        first = result.plans[0]
+        section = first.autoscaling().model_dump(include=AUTOSCALING_KEYS)
+        c.print("the first plan as the model's config sections:\n"
+                f"  parallelism: {{tp: {first.tp}, pp: {first.pp}}}\n"
+                "  engine_settings: {" + ", ".join(f"{k}: {_yaml(v)}" for k, v in first.engine_settings().items())
+                + "}\n  autoscaling: {" + ", ".join(f"{k}: {v:g}" for k, v in section.items()) + "}",
+                highlight=False)
+
+
+def _yaml(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def register(app: typer.Typer) -> None:

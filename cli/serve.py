@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from hbmserve.cluster.checks import load_deployable
+from hbmserve.cluster.checks import load_deployable, slo_warnings
 from hbmserve.cluster.tiny_model import TinyModelShape
 from hbmserve.core.config import ClusterSpec, ConfigError
 from hbmserve.core.engine_settings import EngineKind
@@ -53,11 +53,14 @@ def model_tiny(
 
 def _load(config: Optional[Path]) -> ClusterSpec:
     try:
-        return load_deployable(config)
+        spec = load_deployable(config)
     except ConfigError as e:
         # soft_wrap: one line per field, as the README shows, not re-wrapped at the terminal width.
         err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    for line in slo_warnings(spec):
+        err.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+    return spec
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:

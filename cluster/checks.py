@@ -5,8 +5,9 @@ one error naming its field, not a replica that fails a minute later."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from hbmserve.core.config import ClusterSpec, ConfigError, load_cluster_spec
+from hbmserve.core.config import ClusterSpec, ConfigError, ModelSpec, load_cluster_spec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.placement.cluster_file import TopologyFileError, load_cluster_file
 
@@ -22,6 +23,40 @@ def load_deployable(path: str | os.PathLike[str] | None = None) -> ClusterSpec:
     if problems:
         raise ConfigError("\n  ".join([f"invalid config {source}:", *problems]))
     return spec
+
+
+def slo_warnings(spec: ClusterSpec) -> list[str]:
+    """One line per model whose engine settings cannot meet its SLO whatever the replica count,
+    or hold it only while few decode steps carry a full prefill chunk, with the setting to change
+    (capacity/slo_cap.py). Warnings, not errors: the check knows no traffic, so it judges a
+    nominal request (capacity/scenario.py `nominal_workload`). Models the capacity model cannot
+    cost (unknown GPU or shape, weights that do not fit) are left to the engine to judge."""
+    from hbmserve.capacity.hardware import load_catalog
+    from hbmserve.capacity.scenario import nominal_workload, scenario_for, scenario_slo_check
+
+    lines = []
+    for i, m in enumerate(spec.models):
+        if not _shape_known(m):
+            continue
+        try:
+            sc = scenario_for(m, load_catalog())
+        except (ValueError, OSError):  # ScenarioError, CatalogError, ModelConfigError
+            continue
+        check = scenario_slo_check(sc, nominal_workload(sc))
+        if check.blocker:
+            lines.append(f"models.{i}.engine_settings: {m.name} cannot meet its SLO at any replica count: "
+                         f"{check.blocker}")
+        elif check.advice:
+            lines.append(f"models.{i}.engine_settings.max_num_batched_tokens: {check.advice}")
+    return lines
+
+
+def _shape_known(m: ModelSpec) -> bool:
+    """The capacity model costs the model's own shape: its config.json is on disk, or the file
+    names the shape to simulate (`sim`); otherwise it would judge a default stand-in."""
+    if m.engine is EngineKind.SIM or "sim" in m.model_fields_set:
+        return True
+    return (Path(m.source).expanduser() / "config.json").is_file()
 
 
 def _topology_problems(spec: ClusterSpec) -> list[str]:

@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 
 from hbmserve.core.scaling import ReplicaState
 
+# Characters per token of English text: how the front door sizes a prompt before any tokenizer
+# has seen it, and how a replica sizes one whose reply carries no token counts.
+CHARS_PER_TOKEN = 4
+
 
 @dataclass(frozen=True)
 class ReplicaLoad:

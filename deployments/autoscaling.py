@@ -6,7 +6,9 @@ Three pieces, all thin:
   (Serve requires dict[str, int | float]); the names are defined here, once.
 * `snapshot_from_context(ctx, ...)` and `decide_from_context(ctx, config, held)`:
   AutoscalingContext -> Snapshot -> decide -> roles (roles.py) -> Serve's answer. They read
-  only attributes (duck-typed), so they need no Ray import.
+  only attributes (duck-typed), so they need no Ray import. Before deciding, the config takes
+  the warm start-up the replicas measured (`with_measured_startup`) and the replica capacity the
+  capacity model gives for the request lengths they report (`with_observed_capacity`).
 * `HbmServeAutoscalingPolicy`: the callable Serve instantiates with `policy_kwargs` (the
   AutoscaleConfig fields) and calls as `(AutoscalingContext) -> (target_replicas, policy_state)`.
   Serve replicas = active target + hot standbys. Which replicas are active is decided here
@@ -36,6 +38,8 @@ from typing import Any, Collection, Iterable
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
 from hbmserve.autoscale.roles import age_order, assign_roles, current_active
 from hbmserve.autoscale.signals import p95
+from hbmserve.capacity.length_capacity import CapacityTable, LengthStats
+from hbmserve.core.config import ModelSpec
 from hbmserve.core.records import DecisionRecord, IngressDemand, RecordError
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot, Tier
 from hbmserve.deployments.records_store import DecisionLog, ingress_demand
@@ -47,6 +51,12 @@ STAT_TTFT_P95_S = "hbm_ttft_p95_s"  # the replica's p95 TTFT over its own recent
 STAT_TPOT_P95_S = "hbm_tpot_p95_s"  # p95 of its streamed requests' time per output token
 STAT_ARRIVAL_RPS = "hbm_arrival_rps"  # requests/s the replica received over the window
 STAT_LOAD_S = "hbm_load_s"  # seconds the replica took from its constructor to a loaded engine
+# Mean prompt and output tokens of the requests the replica finished over its window, and how many.
+STAT_PROMPT_TOKENS = "hbm_prompt_tokens_mean"
+STAT_OUTPUT_TOKENS = "hbm_output_tokens_mean"
+STAT_LENGTH_SAMPLES = "hbm_length_samples"
+# Fewer finished requests than this (over all replicas) leave the configured capacity in place.
+MIN_LENGTH_SAMPLES = 20
 
 POLICY_STATE_KEY = "hbmserve"
 ROLES_KEY = "hbmserve_roles"
@@ -61,8 +71,10 @@ REPLICA_STATS_PUSH_S = 1.0
 
 def autoscaling_stats(*, waiting: int, running: int, kv_usage: float,
                       ttft_samples_s: Iterable[float], tpot_samples_s: Iterable[float],
-                      arrival_rps: float, load_s: float) -> dict[str, float]:
-    """The body of an engine deployment's `record_autoscaling_stats()`."""
+                      arrival_rps: float, load_s: float,
+                      lengths: tuple[float, float, int] | None = None) -> dict[str, float]:
+    """The body of an engine deployment's `record_autoscaling_stats()`. `lengths`: (mean prompt
+    tokens, mean output tokens, requests) of the requests finished over the window."""
     stats = {
         STAT_WAITING: float(waiting),
         STAT_RUNNING: float(running),
@@ -70,6 +82,9 @@ def autoscaling_stats(*, waiting: int, running: int, kv_usage: float,
         STAT_ARRIVAL_RPS: float(arrival_rps),
         STAT_LOAD_S: float(load_s),
     }
+    if lengths is not None and lengths[2] > 0:
+        stats.update({STAT_PROMPT_TOKENS: float(lengths[0]), STAT_OUTPUT_TOKENS: float(lengths[1]),
+                      STAT_LENGTH_SAMPLES: float(lengths[2])})
     # No completed request, no latency: the key is simply absent.
     for key, samples in ((STAT_TTFT_P95_S, ttft_samples_s), (STAT_TPOT_P95_S, tpot_samples_s)):
         value = p95(tuple(samples))
@@ -158,10 +173,37 @@ def with_measured_startup(config: AutoscaleConfig, ctx: Any) -> AutoscaleConfig:
     return dataclasses.replace(config, startup_warm_s=warm)
 
 
-def decide_from_context(ctx: Any, config: AutoscaleConfig,
-                        demand: IngressDemand | None = None) -> tuple[int, dict[str, Any]]:
+def observed_lengths(ctx: Any) -> LengthStats | None:
+    """Mean prompt and output lengths over what the running replicas finished in their windows,
+    weighted by requests; None below MIN_LENGTH_SAMPLES requests."""
+    total = prompt = output = 0.0
+    for rid in ctx.running_replicas:
+        n = _latest(ctx, STAT_LENGTH_SAMPLES, rid) or 0.0
+        p, o = _latest(ctx, STAT_PROMPT_TOKENS, rid), _latest(ctx, STAT_OUTPUT_TOKENS, rid)
+        if n > 0 and p is not None and o is not None:
+            total, prompt, output = total + n, prompt + n * p, output + n * o
+    if total < MIN_LENGTH_SAMPLES:
+        return None
+    return LengthStats(prompt / total, output / total)
+
+
+def with_observed_capacity(config: AutoscaleConfig, ctx: Any,
+                           capacity: CapacityTable | None) -> AutoscaleConfig:
+    """The config with `replica_capacity_rps` re-estimated by the capacity model for the request
+    lengths the replicas report (capacity/length_capacity.py). The configured figure, planned
+    for another mix or typed, stands until enough requests have finished, when the model has no
+    table for this deployment, or when it says no rate meets the SLO at these lengths."""
+    lengths = observed_lengths(ctx) if capacity is not None else None
+    if lengths is None or capacity is None:
+        return config
+    rps = capacity.rps_at(lengths.prompt_mean, lengths.output_mean)
+    return dataclasses.replace(config, replica_capacity_rps=rps) if rps > 0 else config
+
+
+def decide_from_context(ctx: Any, config: AutoscaleConfig, demand: IngressDemand | None = None,
+                        capacity: CapacityTable | None = None) -> tuple[int, dict[str, Any]]:
     """The whole translation, context in, Serve's answer out; no logging, no I/O."""
-    config = with_measured_startup(config, ctx)
+    config = with_observed_capacity(with_measured_startup(config, ctx), ctx, capacity)
     prior_state = ctx.policy_state or {}
     prior = prior_state.get(POLICY_STATE_KEY)
     state = PolicyState.from_dict(prior) if prior else PolicyState()
@@ -213,14 +255,16 @@ def _plan(decision: DecisionRecord) -> tuple:
 class HbmServeAutoscalingPolicy:
     """What `AutoscalingPolicy(policy_function=POLICY_PATH, policy_kwargs=...)` builds."""
 
-    def __init__(self, **config_fields: Any) -> None:
+    def __init__(self, capacity_by_length: dict[str, Any] | None = None, **config_fields: Any) -> None:
         self.config = AutoscaleConfig.from_dict(config_fields)
+        self.capacity = CapacityTable.from_dict(capacity_by_length) if capacity_by_length else None
         self._log = logging.getLogger("ray.serve")
         self._decisions = DecisionLog()
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         app, deployment = getattr(ctx, "app_name", None), getattr(ctx, "deployment_name", "?")
-        target, policy_state = decide_from_context(ctx, self.config, ingress_demand(app, deployment))
+        target, policy_state = decide_from_context(ctx, self.config, ingress_demand(app, deployment),
+                                                   self.capacity)
         decision = decision_in(policy_state)
         try:
             previous = decision_in(ctx.policy_state)
@@ -235,7 +279,25 @@ class HbmServeAutoscalingPolicy:
         return target, policy_state
 
 
-def serve_autoscaling_config(config: AutoscaleConfig) -> dict[str, Any]:
+def live_capacity(model: ModelSpec) -> tuple[CapacityTable | None, float | None]:
+    """The capacity model's replica capacity by request length and TPOT floor for `model`, built
+    where the config is (its files are here, not in Serve's controller); (None, None) when the
+    capacity model does not know its GPU or shape: the policy then runs on the configured figure."""
+    from hbmserve.capacity.hardware import load_catalog
+    from hbmserve.capacity.length_capacity import capacity_table
+    from hbmserve.capacity.perf_model import cost_model
+    from hbmserve.capacity.scenario import knobs_of, scenario_for, tpot_floor_s
+
+    try:
+        sc = scenario_for(model, load_catalog())
+    except (ValueError, OSError):  # ScenarioError, CatalogError, ModelConfigError: all ValueErrors
+        return None, None
+    table = capacity_table(cost_model(sc.deployment), knobs_of(sc), sc.slo_ttft_s, sc.slo_tpot_s)
+    return table, tpot_floor_s(sc)
+
+
+def serve_autoscaling_config(config: AutoscaleConfig,
+                             capacity: CapacityTable | None = None) -> dict[str, Any]:
     """Kwargs for ray.serve.config.AutoscalingConfig running this policy."""
     return {
         "min_replicas": config.min_replicas,
@@ -247,5 +309,6 @@ def serve_autoscaling_config(config: AutoscaleConfig) -> dict[str, Any]:
         "upscale_delay_s": 0.0,
         "downscale_delay_s": 0.0,
         "downscale_to_zero_delay_s": 0.0,
-        "policy": {"policy_function": POLICY_PATH, "policy_kwargs": asdict(config)},
+        "policy": {"policy_function": POLICY_PATH, "policy_kwargs": {
+            **asdict(config), **({"capacity_by_length": capacity.to_dict()} if capacity else {})}},
     }

@@ -22,6 +22,7 @@ from collections import deque
 from typing import Any
 
 from hbmserve.core.config import ModelSpec
+from hbmserve.core.routing import CHARS_PER_TOKEN
 from hbmserve.deployments.front_door_access import Credential, Refusal
 from hbmserve.deployments.replica_table import ReplicaTable
 from hbmserve.routing.admission import Reject
@@ -36,7 +37,6 @@ DISCOVERY_S = 0.5
 # Output tokens assumed when a request names no max_tokens (OpenAI's default is "until the
 # context ends", which would make every request look as big as the whole context).
 DEFAULT_MAX_TOKENS = 256
-CHARS_PER_TOKEN = 4  # English text; an estimate until the replica tokenizes
 _PACE_WINDOW_S = 30.0
 _MIN_PACE_SAMPLES = 3
 

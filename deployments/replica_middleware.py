@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from hbmserve.core.records import LoadReport
+from hbmserve.core.routing import CHARS_PER_TOKEN
 from hbmserve.routing.admission import AdmissionBudget, Reject, AdmissionLoad, admit
 from hbmserve.deployments.replica_http import EngineLoad
 
@@ -53,13 +54,16 @@ class LoadCounters:
     # body chunk over the chunks between, one token per chunk as vLLM (stream interval 1) and
     # the simulator stream. The final usage chunk counts as one more: ~1/n low for n tokens.
     tpot_s: deque[tuple[float, float]] = field(default_factory=deque)
+    # (at, prompt tokens, output tokens) of finished requests (`request_lengths`): the length mix
+    # the autoscaling policy re-estimates the replica's capacity for.
+    lengths: deque[tuple[float, int, int]] = field(default_factory=deque)
 
     def trim(self, now: float) -> None:
         while self.arrived and self.arrived[0] < now - _WINDOW_S:
             self.arrived.popleft()
         while self.finished and self.finished[0] < now - _WINDOW_S:
             self.finished.popleft()
-        for samples in (self.first_byte_s, self.tpot_s):
+        for samples in (self.first_byte_s, self.tpot_s, self.lengths):
             while samples and samples[0][0] < now - _WINDOW_S:
                 samples.popleft()
 
@@ -78,6 +82,29 @@ class LoadCounters:
     def tpot_samples(self, now: float) -> tuple[float, ...]:
         self.trim(now)
         return tuple(s for _, s in self.tpot_s)
+
+    def length_means(self, now: float) -> tuple[float, float, int] | None:
+        """(mean prompt tokens, mean output tokens, requests) over the window; None if none."""
+        self.trim(now)
+        n = len(self.lengths)
+        if not n:
+            return None
+        return sum(p for _, p, _ in self.lengths) / n, sum(o for _, _, o in self.lengths) / n, n
+
+
+def request_lengths(last_body: bytes, request_bytes: int, chunks: int) -> tuple[int, int]:
+    """(prompt, output) tokens of a finished request: the `usage` of its reply's last body chunk
+    when it has one (every non-streamed vLLM reply; a streamed one asked for with
+    stream_options.include_usage), else the request's size at CHARS_PER_TOKEN (the front door's
+    estimate too) and one token per streamed chunk."""
+    text = last_body.strip()
+    if b'"usage"' in text:
+        try:
+            usage = json.loads(text.removeprefix(b"data:").strip())["usage"]
+            return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    return max(1, request_bytes // CHARS_PER_TOKEN), max(1, chunks)
 
 
 def json_response(status: int, payload: dict, headers: list[tuple[bytes, bytes]] = ()):
@@ -142,12 +169,22 @@ class ReplicaMiddleware:
         c.accepted += 1
         c.arrived.append(now)
         chunks, first_at, last_at = 0, now, now
+        status, request_bytes, last_body = 0, 0, b""
+
+        async def counting_receive() -> dict[str, Any]:
+            nonlocal request_bytes
+            message = await receive()
+            request_bytes += len(message.get("body", b""))
+            return message
 
         async def counting_send(message: dict[str, Any]) -> None:
-            nonlocal chunks, first_at, last_at
+            nonlocal chunks, first_at, last_at, status, last_body
+            if message["type"] == "http.response.start":
+                status = message["status"]
             body = message.get("body") if message["type"] == "http.response.body" else None
             if body and body != _SSE_DONE:  # the end marker comes with no token
                 last_at = time.monotonic()
+                last_body = body
                 if chunks == 0:
                     first_at = last_at
                     c.first_byte_s.append((last_at, last_at - now))
@@ -155,10 +192,12 @@ class ReplicaMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, counting_send)
+            await self.app(scope, counting_receive, counting_send)
         finally:
             c.in_flight -= 1
             done = time.monotonic()
             c.finished.append(done)
             if chunks >= _MIN_TPOT_CHUNKS:
                 c.tpot_s.append((done, (last_at - first_at) / (chunks - 1)))
+            if status == 200:
+                c.lengths.append((done, *request_lengths(last_body, request_bytes, chunks)))

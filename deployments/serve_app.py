@@ -119,7 +119,8 @@ class EngineReplica:
         c = self.server.counters
         return autoscaling_stats(waiting=load.waiting, running=load.running, kv_usage=load.kv_usage,
                                  ttft_samples_s=c.ttft_samples(now), tpot_samples_s=c.tpot_samples(now),
-                                 arrival_rps=c.arrival_rate(now), load_s=self.load_s)
+                                 arrival_rps=c.arrival_rate(now), load_s=self.load_s,
+                                 lengths=c.length_means(now))
 
     def _role(self) -> ReplicaState:
         if self.model.autoscaling is None:
@@ -217,12 +218,14 @@ def actor_options(model: ModelSpec) -> dict:
 def scaling_options(model: ModelSpec) -> dict:
     """Fixed `replicas`, or Serve autoscaling driven by hbmserve's policy (autoscale/)."""
     from hbmserve.autoscale.config import autoscale_config_for
-    from hbmserve.deployments.autoscaling import serve_autoscaling_config
+    from hbmserve.deployments.autoscaling import live_capacity, serve_autoscaling_config
 
-    config = autoscale_config_for(model)
-    if config is None:
+    if model.autoscaling is None:
         return {"num_replicas": model.replicas}
-    return {"autoscaling_config": serve_autoscaling_config(config)}
+    table, floor = live_capacity(model)
+    config = autoscale_config_for(model, tpot_floor_s=floor)
+    assert config is not None
+    return {"autoscaling_config": serve_autoscaling_config(config, table)}
 
 
 def engine_deployment_name(model: ModelSpec) -> str:

@@ -39,7 +39,7 @@ from hbmserve.autoscale.config import autoscale_config_for
 from hbmserve.autoscale.policy import AutoscaleConfig
 from hbmserve.autoscale.registry import POLICIES, PolicyEntry
 from hbmserve.capacity.arrivals import Arrivals
-from hbmserve.capacity.scenario import Scenario
+from hbmserve.capacity.scenario import Scenario, tpot_floor_s
 from hbmserve.core.config import ModelSpec, TierStartup
 from hbmserve.core.scaling import Snapshot, Tier
 from hbmserve.sim.metrics import SimSummary
@@ -167,7 +167,7 @@ def estimate_capacity_rps(sc: Scenario, arr: Arrivals, model_name: str) -> float
 def eval_config(cluster: EvalCluster, arr: Arrivals) -> AutoscaleConfig:
     """What every policy is told: see the module docstring."""
     cap = estimate_capacity_rps(cluster.scenario, arr, cluster.model_name)
-    config = autoscale_config_for(cluster.model, cap)
+    config = autoscale_config_for(cluster.model, cap, tpot_floor_s(cluster.scenario))
     if config is None:
         raise EvalError(f"models.{cluster.model_name}.autoscaling: missing")
     return config

@@ -59,25 +59,26 @@ def _smooth(x: np.ndarray, w: int = 10) -> np.ndarray:
 
 def plot_frontier(plans: Sequence[PlanCandidate], path: str | os.PathLike[str], slo_ttft_s: float,
                   slo_tpot_s: float, title: str = "") -> None:
-    """$/Mtok against predicted TPOT p95 per GPU type; the Pareto frontier is drawn as a line."""
+    """Blended $/Mtok against TPOT p95 per GPU type; the Pareto frontier of the confirmed plans is
+    drawn as a line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = [p for p in plans if p.usd_per_mtok and p.tpot_p95_s is not None]
+    pts = [p for p in plans if p.usd_per_mtok_blended and p.tpot_p95_s is not None]
     if not pts:
         raise ValueError("no plan has both a cost and a latency to plot")
     fig, ax = plt.subplots(figsize=(9, 6))
     for gpu in sorted({p.gpu for p in pts}):
         mine = [p for p in pts if p.gpu == gpu]
-        ax.scatter([p.tpot_p95_s * 1e3 for p in mine], [p.usd_per_mtok for p in mine], s=14, alpha=0.6, label=gpu)
-    front = _pareto([(p.tpot_p95_s * 1e3, p.usd_per_mtok) for p in pts if p.feasible])
+        ax.scatter([p.tpot_p95_s * 1e3 for p in mine], [p.usd_per_mtok_blended for p in mine], s=14, alpha=0.6, label=gpu)
+    front = _pareto([(p.tpot_p95_s * 1e3, p.usd_per_mtok_blended) for p in pts if p.feasible])
     if front:
-        ax.plot([x for x, _ in front], [y for _, y in front], color="black", lw=1.2, label="frontier (feasible)")
+        ax.plot([x for x, _ in front], [y for _, y in front], color="black", lw=1.2, label="frontier (confirmed)")
     ax.axvline(slo_tpot_s * 1e3, color="tab:red", ls="--", label="TPOT SLO")
     ax.set_xlabel("TPOT p95 (ms)")
-    ax.set_ylabel("$ per million output tokens")
+    ax.set_ylabel("$ per million tokens (input + output, blended)")
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -55,7 +55,7 @@ def plan_case(arr, confirm_top: int) -> tuple[float, dict]:
     top = res.plans[0]
     return wall, {"configs": res.configs_evaluated, "simulated": res.simulated,
                   "top": f"{top.gpu} TP{top.tp} PP{top.pp} {top.quantization} x{top.replicas}+{top.warm_replicas}",
-                  "top_usd_per_mtok": top.usd_per_mtok, "feasible": res.feasible}
+                  "top_usd_per_mtok_blended": top.usd_per_mtok_blended, "feasible": res.feasible}
 
 
 def main() -> None:

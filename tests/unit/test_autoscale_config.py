@@ -20,6 +20,8 @@ from typer.testing import CliRunner
 from hbmserve.autoscale import registry
 from hbmserve.autoscale.config import autoscale_config_for
 from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.capacity.hardware import load_catalog
+from hbmserve.capacity.scenario import scenario_for, tpot_floor_s
 from hbmserve.cli.main import build_app
 from hbmserve.core.config import parse_cluster_spec
 from hbmserve.deployments.autoscaling import HbmServeAutoscalingPolicy
@@ -81,8 +83,9 @@ def _recording(monkeypatch: pytest.MonkeyPatch) -> list[AutoscaleConfig]:
 def test_every_entry_point_hands_decide_the_same_config(files, monkeypatch):
     cfg, trace = files
     model = parse_cluster_spec(yaml.safe_load(cfg.read_text())).models[0]
-    expected = autoscale_config_for(model)
-    assert expected is not None
+    floor = tpot_floor_s(scenario_for(model, load_catalog()))
+    expected = autoscale_config_for(model, tpot_floor_s=floor)
+    assert expected is not None and 0 < expected.tpot_floor_s < expected.tpot_p95_target_s
 
     kwargs = scaling_options(model)["autoscaling_config"]["policy"]["policy_kwargs"]
     live = HbmServeAutoscalingPolicy(**kwargs).config
@@ -100,6 +103,7 @@ def test_every_entry_point_hands_decide_the_same_config(files, monkeypatch):
     evaluated = set(seen)
 
     assert live == expected
+    assert kwargs["capacity_by_length"]  # the live adapter re-estimates capacity from lengths
     assert simulated == {expected}
     assert evaluated == {expected}
     # Every field the file sets arrived, the TPOT SLO included (simulate used to drop it).

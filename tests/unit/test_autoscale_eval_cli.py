@@ -157,3 +157,39 @@ def test_burst_trace_bad_shape_is_a_one_line_error(app, tmp_path):
     r = run(app, "burst-trace", "--out", str(tmp_path / "b.csv"), "--duration", "100",
             "--bursts", "2", "--burst-seconds", "80")
     assert_one_line_error(r, "do not fit")
+
+
+def test_evaluate_says_whether_the_config_can_meet_its_slo(app, trace):
+    # The reference cluster's 8,192-token budget: a decode step carrying a full chunk takes ~0.59 s
+    # against a 0.1 s TPOT target. Spread over 16 replicas this trace's load is light enough to hide
+    # it (feasible), and stderr says which budget would hold the target at any load.
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "static-peak", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["slo_feasible"] is True and out["slo_blocker"] is None
+    assert "chunk of 8,192 tokens take 0.5" in r.stderr and "lower max_num_batched_tokens to <=" in r.stderr
+    assert out["max_num_batched_tokens_for_tpot"] < 8192
+
+
+def test_evaluate_all_carries_the_slo_verdict_with_the_settings(app, trace, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("""
+models:
+  - name: m
+    source: meta-llama/Llama-3.1-70B-Instruct
+    engine: vllm-gpu
+    engine_settings: {max_model_len: 4096, max_num_seqs: 64, max_num_batched_tokens: 1024}
+    parallelism: {tp: 4}
+    autoscaling: {min_replicas: 1, max_replicas: 1}
+    slo: {ttft_p95_ms: 2000, tpot_p95_ms: 100}
+    hardware: {gpu: h100-sxm}
+    sim: {model_config_name: llama-3.1-70b}
+""")
+    # The busiest minute (12 req/s of ~2,600-token prompts) on at most one 70B replica: no allowed
+    # replica count meets it.
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "all", "--config", str(cfg), "--json",
+            "--token-scale", "4")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["slo_feasible"] is False and "raise max_replicas" in out["slo_blocker"]
+    assert "cannot meet its SLO at any replica count" in r.stderr

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hbmserve.autoscale.config import autoscale_config_for
-from hbmserve.deployments.autoscaling import POLICY_PATH, serve_autoscaling_config
+from hbmserve.deployments.autoscaling import POLICY_PATH, live_capacity, serve_autoscaling_config
 from hbmserve.core.config import parse_cluster_spec
 from hbmserve.deployments.serve_app import scaling_options
 
@@ -35,7 +37,11 @@ def test_autoscaling_section_reaches_the_policy():
     assert (c.hot_standby_min, c.hot_standby_max) == (1, 2)
     assert c.warm_pool_max == 0  # warm nodes come from the node autoscaler, not this policy
     opts = scaling_options(m)["autoscaling_config"]
-    assert opts == serve_autoscaling_config(c)
+    # The live policy also gets the capacity model's figures for the shape `engine: sim` stands
+    # for: replica capacity by request length, and the TPOT one sequence alone decodes at.
+    table, floor = live_capacity(m)
+    assert table is not None and 0 < floor < c.tpot_p95_target_s
+    assert opts == serve_autoscaling_config(dataclasses.replace(c, tpot_floor_s=floor), table)
     assert opts["policy"]["policy_function"] == POLICY_PATH
     # Serve's own delays are off: the policy's hysteresis is the only one.
     assert opts["upscale_delay_s"] == 0 and opts["downscale_delay_s"] == 0

@@ -178,3 +178,16 @@ def test_the_simulators_rate_before_its_window_fills_is_over_the_part_seen():
     assert seen[10.0] == pytest.approx(20 / 10)
     # 35 s in: the full window (5, 35] holds 60 arrivals.
     assert seen[35.0] == pytest.approx(60 / 30)
+
+
+def test_a_tpot_target_below_the_replicas_floor_is_not_chased():
+    # One sequence decoding alone takes 0.12 s with these engine settings: no replica count meets
+    # 0.1 s, so a p95 of 0.15 s asks for no replicas (it asked for 6 above) and the reason says why.
+    stuck = dataclasses.replace(TPOT, tpot_floor_s=0.12)
+    d, _ = decide(snap(0.0, active=4, tpot=with_p95(0.15)), stuck, PolicyState())
+    assert d.target_active == 4 and "(need 0)" in d.reason
+    assert "not chased: one sequence alone decodes at 120ms" in d.reason
+    # A floor under the target leaves the signal as it was.
+    d, _ = decide(snap(0.0, active=4, tpot=with_p95(0.15)), dataclasses.replace(TPOT, tpot_floor_s=0.02),
+                  PolicyState())
+    assert d.target_active == 6 and "not chased" not in d.reason

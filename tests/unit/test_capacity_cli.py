@@ -14,7 +14,8 @@ SIM_KEYS = {"ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "goodput_rps
             "preemptions", "gpu_hours", "cost_usd", "usd_per_mtok", "sim_wall_s"}
 PLAN_KEYS = {"gpu", "tp", "pp", "replicas", "warm_replicas", "quantization", "max_num_seqs",
              "max_num_batched_tokens", "chunked_prefill", "ttft_p95_s", "tpot_p95_s", "usd_per_hour",
-             "usd_per_mtok", "feasible", "reason"}
+             "usd_per_mtok_input", "usd_per_mtok_output", "usd_per_mtok_blended", "usd_per_1k_requests",
+             "feasible", "status", "reason", "analytic_error", "quality_note"}
 CLUSTER = """
 models:
   - name: m70
@@ -56,6 +57,33 @@ def test_simulate_json_contract(app, files):
     # Two TP4 replicas at the config's $2/GPU-hour, billed for the whole run.
     assert out["cost_usd"] == pytest.approx(out["gpu_hours"] * 2.0)
     assert out["gpu_hours"] == pytest.approx(2 * 4 * out["makespan_s"] / 3600)
+
+
+def test_simulate_says_whether_the_config_can_meet_its_slo_and_which_budget_would(app, files, tmp_path):
+    cfg, trace = files
+    r = CliRunner().invoke(app, ["simulate", "--config", str(cfg), "--trace", str(trace), "--json"])
+    out = json.loads(r.stdout)
+    # 2,048-token chunks on a 70B TP4 replica take ~0.15 s per step: over the 0.1 s TPOT, yet one
+    # request at a time meets it, so: feasible, with a warning naming the budget that holds it.
+    assert out["slo_feasible"] is True and out["slo_blocker"] is None and out["chunk_step_s"] > 0.1
+    cap = out["max_num_batched_tokens_for_tpot"]
+    assert 1024 <= cap < 2048 and f"lower max_num_batched_tokens to <= {cap:,}" in r.stderr
+    tight = tmp_path / "tight.yaml"
+    tight.write_text(CLUSTER.replace("tpot_p95_ms: 100", "tpot_p95_ms: 5"))
+    r = CliRunner().invoke(app, ["simulate", "--config", str(tight), "--trace", str(trace), "--json"])
+    out = json.loads(r.stdout)
+    assert out["slo_feasible"] is False and "p95 TPOT" in out["slo_blocker"]
+    assert "cannot meet its SLO at any replica count" in r.stderr
+
+
+def test_plan_searches_lossy_formats_only_when_asked_and_flags_them(app):
+    base = ["plan", "--model", "llama-3.1-8b", "--rate", "2", "--duration", "60", "--slo-ttft-p95", "2",
+            "--slo-tpot-p95", "0.1", "--gpus", "l40s", "--confirm-top", "0", "--top", "3"]
+    r = CliRunner().invoke(app, [*base, "--quantization", "int4"])
+    assert "l40s TP1 int4 *" in r.stdout and "candidate" in r.stdout and "bf16" not in r.stdout
+    assert "int4: int4 weights (AWQ/GPTQ) lose measurable accuracy" in r.stdout
+    r = CliRunner().invoke(app, [*base, "--quantization", "bf16,int9"])
+    assert r.exit_code == 2 and "unknown quantization 'int9'" in r.output
 
 
 def test_simulate_table_and_plot(app, files, tmp_path):
