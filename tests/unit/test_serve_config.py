@@ -58,9 +58,9 @@ def test_a_planned_model_is_placed_as_deploy_places_it(built, token_file, tmp_pa
         {"name": "second", "source": "/m", "engine": "sim", "sim": {"reserve_gpus": True},
          "parallelism": {"tp": 2}, "replicas": 2}]}
     model_app({"cluster": cluster, "internal_token_file": token_file, "model": "second"})
-    ((kind, host, token, model, result, topology),) = built
+    ((kind, host, token, model, result, topology, cache),) = built
     spec = parse_cluster_spec(cluster)
-    assert (kind, host, token, model) == ("placed", "127.0.0.1", TOKEN, spec.models[1])
+    assert (kind, host, token, model, cache) == ("placed", "127.0.0.1", TOKEN, spec.models[1], spec.cache)
     assert result == plan_models(spec, load_cluster_file(PAIRS))["second"]
 
 
