@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = (
     "hbmserve.cli.placement",
     "hbmserve.cli.capacity",
     "hbmserve.cli.autoscale",
+    "hbmserve.cli.bench",
 )
 
 
