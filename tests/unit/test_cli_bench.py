@@ -224,7 +224,8 @@ async def _close(server) -> None:
                                          ("error-event", "stream")])
 def test_each_failure_is_counted_by_its_kind(faulty_url, client, model, kind):
     r = bench("--url", faulty_url, "--model", model, "--concurrency", "2", "--duration", "0.05", "--prompt-tokens",
-              "5", "--output-tokens", "50", "--request-timeout", "0.3", "--client", client, "--json")
+              "5", "--output-tokens", "50", "--request-timeout", "0.3" if model == "stall" else "10", "--client",
+              client, "--json")
     assert r.exit_code == 1, r.output  # every request failed
     m = json.loads(r.stdout)["measured"]
     assert m["errors_by_kind"] == {kind: m["sent"]} and m["sent"] >= 1 and m["ok"] == 0
