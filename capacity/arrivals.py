@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,3 +153,13 @@ def gamma_arrivals(rate_rps: float, duration_s: float, cv: float = 1.0, prompt_t
     t = t[t < duration_s]
     n = len(t)
     return Arrivals(t, _lengths(rng, n, prompt_tokens, length_cv), _lengths(rng, n, output_tokens, length_cv))
+
+
+def length_stream(prompt_tokens: float, output_tokens: float, length_cv: float = 0.0,
+                  seed: int = 0) -> Iterator[tuple[int, int]]:
+    """Endless (prompt, output) token counts drawn as `gamma_arrivals` draws them, for a closed
+    loop, whose number of requests is not known in advance."""
+    rng = np.random.default_rng(seed)
+    while True:
+        prompts, outputs = _lengths(rng, 1024, prompt_tokens, length_cv), _lengths(rng, 1024, output_tokens, length_cv)
+        yield from zip(prompts.tolist(), outputs.tolist())

@@ -16,6 +16,7 @@ import typer
 
 EXIT_INFEASIBLE = 1
 EXIT_BAD_INPUT = 2
+SYNTHETIC_LENGTH_CV = 0.5  # --rate loads: prompt and output lengths lognormal with this spread
 
 
 def _fail(msg: str) -> typer.Exit:
@@ -36,8 +37,9 @@ def _user_errors() -> tuple[type[Exception], ...]:
             EvalError)
 
 
-def _arrivals(trace: Optional[Path], rate: Optional[float], duration: float, prompt: float, output: float,
-              burstiness: float, seed: int, time_scale: float):
+def arrivals_for(trace: Optional[Path], rate: Optional[float], duration: float, prompt: float, output: float,
+                 burstiness: float, seed: int, time_scale: float):
+    """A trace file (stretched by time_scale), or synthetic gamma arrivals at `rate`."""
     from hbmserve.capacity.arrivals import gamma_arrivals, read_trace
 
     if trace is not None:
@@ -47,7 +49,7 @@ def _arrivals(trace: Optional[Path], rate: Optional[float], duration: float, pro
         raise _fail("give --trace FILE or --rate RPS")
     if rate <= 0 or duration <= 0 or burstiness <= 0:
         raise _fail("--rate, --duration and --burstiness must be > 0")
-    return gamma_arrivals(rate, duration, burstiness, prompt, output, length_cv=0.5, seed=seed)
+    return gamma_arrivals(rate, duration, burstiness, prompt, output, length_cv=SYNTHETIC_LENGTH_CV, seed=seed)
 
 
 def _progress(enabled: bool):
@@ -148,7 +150,7 @@ def simulate_cmd(
     from hbmserve.core.scaling import Tier
     from hbmserve.sim.evaluate import with_startup
 
-    from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
+    from hbmserve.sim.cluster_sim import PolicyBinding, cluster_for, simulate
     from hbmserve.capacity.hardware import load_catalog
     from hbmserve.capacity.scenario import scenario_for
 
@@ -161,7 +163,7 @@ def simulate_cmd(
                                        (Tier.COLD, startup_cold)) if s is not None}
         m = with_startup(m, overrides)
         sc = scenario_for(m, load_catalog(catalog), gpu, model_config, max_model_len)
-        arr = _arrivals(trace, rate, duration, prompt_tokens, output_tokens, burstiness, seed, time_scale)
+        arr = arrivals_for(trace, rate, duration, prompt_tokens, output_tokens, burstiness, seed, time_scale)
     except _user_errors() as err:
         raise _fail(str(err)) from None
     if clip:
@@ -173,8 +175,7 @@ def simulate_cmd(
         except _user_errors() as err:
             raise _fail(str(err)) from None
         binding = PolicyBinding(pol, state, interval, startup_s=startup)
-    cluster = SimCluster(sc.deployment, sc.engine, sc.replicas, SLOSpec(sc.slo_ttft_s, sc.slo_tpot_s),
-                         sc.usd_per_gpu_hour)
+    cluster = cluster_for(sc)
     with _progress(not json_out) as bar:
         bar.add_task(f"simulating {len(arr)} requests", total=None)
         t0 = time.perf_counter()
@@ -226,7 +227,7 @@ def warn_slo(check: Any, model_name: str) -> None:
 def _print_sim(out: dict[str, Any], rejected: int) -> None:
     from rich.table import Table
 
-    c = _console()
+    c = wide_console()
     c.print(f"[bold]{out['model']}[/]: {out['model_shape']} on {out['gpu']} TP{out['tp']} PP{out['pp']}, "
             f"{out['replicas']} replica(s) at start")
     t = Table("latency (s)", "p50", "p90", "p95", "p99", "mean")
@@ -298,7 +299,7 @@ def plan_cmd(
             [n for n in cat if n != "cpu-local"]
         shape = load_model_shape(model)
         quants = _quantizations(quantization) if quantization is not None else SearchSpace().quantizations
-        arr = _arrivals(trace, rate, duration, prompt_tokens, output_tokens, 1.0, seed, 1.0)
+        arr = arrivals_for(trace, rate, duration, prompt_tokens, output_tokens, 1.0, seed, 1.0)
     except _user_errors() as err:
         raise _fail(str(err)) from None
     sim_arr = arr.window(0.0, confirm_seconds) if confirm_seconds else arr
@@ -337,7 +338,7 @@ def _quantizations(text: str) -> tuple[str | None, ...]:
     return tuple(dict.fromkeys(None if n in ("bf16", "none") else n for n in names))
 
 
-def _console():
+def wide_console():
     import sys
 
     from rich.console import Console
@@ -349,7 +350,7 @@ def _console():
 def _print_plans(result: Any, top: int, model_name: str) -> None:
     from rich.table import Table
 
-    c = _console()
+    c = wide_console()
     t = Table("#", "layout", "replicas+warm", "seqs/budget/chunked", "TTFT p95 s", "TPOT p95 ms", "$/h",
               "$/Mtok in/out/blended", "$/1k req", "model err", "status",
               title=f"plans for {model_name} ({result.configs_evaluated} configurations, "

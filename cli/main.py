@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = (
     "hbmserve.cli.capacity",
     "hbmserve.cli.autoscale",
     "hbmserve.cli.cache",
+    "hbmserve.cli.bench",
 )
 
 

@@ -34,6 +34,7 @@ from hbmserve.routing.choose import choose
 from hbmserve.capacity.arrivals import Arrivals
 from hbmserve.capacity.engine_core import EngineConfig, EngineCore, Plan, SimRequest
 from hbmserve.capacity.perf_model import Deployment, StepCostModel, cost_model
+from hbmserve.capacity.scenario import Scenario
 from hbmserve.sim.metrics import SimResult
 from hbmserve.sim.run_result import result_of
 
@@ -67,6 +68,13 @@ class SimCluster:
     replicas: int
     slo: SLOSpec = SLOSpec()
     usd_per_gpu_hour: float | None = None  # None: the deployment GPU's catalog price
+
+
+def cluster_for(sc: Scenario, replicas: int | None = None) -> SimCluster:
+    """The simulated cluster a config entry stands for (capacity/scenario.py): its deployment,
+    engine, SLO and price; `replicas` at start (default: the entry's)."""
+    return SimCluster(sc.deployment, sc.engine, sc.replicas if replicas is None else replicas,
+                      SLOSpec(sc.slo_ttft_s, sc.slo_tpot_s), sc.usd_per_gpu_hour)
 
 
 class _Replica:

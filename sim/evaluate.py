@@ -242,7 +242,7 @@ def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals,
     """Run the registered policy `policy` over `arr` on `cluster` (config: eval_config(cluster,
     arr)). `entry` replaces the registry's, e.g. a baseline with another config mapping; the
     result is still labelled `policy`."""
-    from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
+    from hbmserve.sim.cluster_sim import PolicyBinding, cluster_for, simulate
 
     entry = entry or POLICIES.get(policy)
     if entry is None:
@@ -255,8 +255,7 @@ def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals,
                             entry.initial_state(), cluster.decision_interval_s,
                             lookback_s=_look_back_s(policy_config), startup_s=config.startup_s)
     sc = cluster.scenario
-    sim = SimCluster(sc.deployment, sc.engine, start, SLOSpec(sc.slo_ttft_s, sc.slo_tpot_s),
-                     sc.usd_per_gpu_hour)
+    sim = cluster_for(sc, start)
     result = simulate(sim, arr, binding)
     return EvalResult(policy, result.summary, config, peak, start,
                       count_scale_actions(result.decisions, start),

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hbmserve.sim.metrics import ReplicaStats, SimResult, summarize
+from hbmserve.sim.metrics import ReplicaStats, RequestTimes, SimResult, summarize
 
 if TYPE_CHECKING:
     from hbmserve.sim.cluster_sim import _Run
@@ -40,7 +40,8 @@ def result_of(run: _Run, end: float) -> SimResult:
     stats = tuple(ReplicaStats(r.rid, r.engine.steps, r.engine.busy_s, r.engine.tokens_processed,
                                r.engine.max_used_blocks, r.engine.cfg.num_blocks, r.engine.preemptions,
                                (r.removed if r.removed is not None else end) - r.created) for r in run.all)
-    return SimResult(summary, _timeseries(run, series, arrival, first, finish), tuple(run.decisions), stats)
+    return SimResult(summary, _timeseries(run, series, arrival, first, finish), tuple(run.decisions), stats,
+                     RequestTimes(arrival, first, finish, output))
 
 
 def _timeseries(run: _Run, series: np.ndarray, arrival: np.ndarray, first: np.ndarray,
