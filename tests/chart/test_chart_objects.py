@@ -174,11 +174,17 @@ def test_weight_cache_volume_kinds_mount_where_the_cache_expects(helm, schemas, 
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["HF_HOME"] == "/var/cache/hbmserve/weights/huggingface"
     validate(one(docs, "RayService"))
+    # hbmserve's own weight cache (what replicas resolve their model through) lives on the volume.
+    for app in serve_config(docs)["applications"]:
+        assert app["args"]["cluster"]["cache"]["root"] == "/var/cache/hbmserve/weights"
 
 
 def test_weight_cache_is_off_by_default(rendered):
     for _, template in pod_templates(rendered["defaults"]):
         assert "weight-cache" not in {v["name"] for v in template["spec"]["volumes"]}
+    # Off, the cache still needs a writable place: `~` is on the read-only root filesystem.
+    for app in serve_config(rendered["defaults"])["applications"]:
+        assert app["args"]["cluster"]["cache"]["root"] == "/tmp/hbmserve-weights"
 
 
 @pytest.mark.parametrize("name", CASES)
