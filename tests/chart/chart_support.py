@@ -18,8 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "hbmserve"
 EXAMPLES = ROOT / "helm" / "examples"
 DATA = Path(__file__).resolve().parent / "data"
-# KubeRay's CRDs live beside the repository (../shared/data/kuberay-crds), not in it: 3 MB of YAML.
-CRD_DIR = Path(os.environ.get("HBMSERVE_KUBERAY_CRDS", ROOT.parent / "shared" / "data" / "kuberay-crds"))
+# KubeRay's CRDs live beside the repository (../shared/data/kuberay-crds); the RayService one, the
+# only one the chart renders, is vendored as compact JSON for a clone without them.
+_SHARED_CRDS = ROOT.parent / "shared" / "data" / "kuberay-crds"
+CRD_DIR = Path(os.environ.get("HBMSERVE_KUBERAY_CRDS",
+                              _SHARED_CRDS if _SHARED_CRDS.is_dir() else DATA / "kuberay-crds"))
 KUBE_VERSION = "1.33"
 
 

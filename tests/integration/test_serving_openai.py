@@ -97,5 +97,7 @@ def test_status_json_reports_running_replica(served, cli, tiny_model_dir):
     assert replica["weights_cached"] in (True, False) and replica["weights_s"] >= 0, replica
     r = cli("cache", "ls", "--json", timeout=60)
     assert r.returncode == 0, r.stderr
-    (entry,) = [e for e in json.loads(r.stdout)["entries"] if e["source"] == str(Path(tiny_model_dir).resolve())]
-    assert entry["in_use"], entry  # the running replica's lease: the cache may not evict it
+    # Content-addressed: an identical model filled earlier from another folder is the same entry.
+    size = sum(p.stat().st_size for p in Path(tiny_model_dir).rglob("*") if p.is_file() and not p.name.startswith("."))
+    in_use = [e for e in json.loads(r.stdout)["entries"] if e["in_use"]]
+    assert [e["size_bytes"] for e in in_use] == [size], r.stdout  # the running replica's lease
