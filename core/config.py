@@ -63,6 +63,10 @@ class AutoscalingSpec(_Strict):
     # leaves it out, `simulate` and `autoscale evaluate` estimate it from the trace they replay
     # (the capacity model at the trace's lengths); the live system uses this default.
     replica_capacity_rps: Annotated[float, Field(gt=0)] = 1.0
+    # Live, replace it once enough requests finished with the capacity model's figure for the
+    # prompt and output lengths the replicas see. Off: the figure above is used as stated (for a
+    # measured figure where the capacity model is known to be off for this engine).
+    reestimate_capacity: bool = True
     startup_s: TierStartup = TierStartup()
     upscale_delay_s: Annotated[float, Field(ge=0)] = 5.0
     downscale_delay_s: Annotated[float, Field(ge=0)] = 60.0

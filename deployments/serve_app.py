@@ -225,7 +225,8 @@ def scaling_options(model: ModelSpec) -> dict:
     table, floor = live_capacity(model)
     config = autoscale_config_for(model, tpot_floor_s=floor)
     assert config is not None
-    return {"autoscaling_config": serve_autoscaling_config(config, table)}
+    reestimate = model.autoscaling.reestimate_capacity
+    return {"autoscaling_config": serve_autoscaling_config(config, table if reestimate else None)}
 
 
 def engine_deployment_name(model: ModelSpec) -> str:
