@@ -173,3 +173,19 @@ def test_a_scale_down_demotes_into_the_hot_pool_instead_of_building_a_new_standb
     assert standby[(t > 30) & (t < 60)].min() == 2 and active[(t > 30) & (t < 60)].max() == 1
     assert draining.max() == 0
     assert active[(t > 66) & (t < 100)].min() == 3  # promoted back after the 5 s hot delay
+
+
+def test_a_busy_replica_demoted_then_promoted_back_serves_and_finishes_its_work():
+    # Found by a helper: two actives under load; at 30 s one is demoted into the hot pool with
+    # requests in flight (its step still running), at 31 s promoted back (5 s). Its step must
+    # complete and its start-up must end: every request finishes, 2 actives serve again.
+    def policy(snapshot, state):
+        target = 1 if 30.0 <= snapshot.now < 31.0 else 2
+        return ScaleDecision(target, {Tier.HOT: 1 if snapshot.now >= 30.0 else 0}, "blip"), state
+
+    load = gamma_arrivals(6.0, 120.0, 1.0, prompt_tokens=300, output_tokens=400, seed=2)
+    res = simulate(cluster(2), load, PolicyBinding(policy, None, 1.0, 30.0, STARTUP))
+    assert res.summary.finished == len(load) and res.summary.unfinished == 0
+    ts = res.timeseries
+    assert ts["active"][(ts["t_s"] >= 40) & (ts["t_s"] <= 100)].min() == 2
+    assert res.summary.makespan_s < 200.0
