@@ -128,7 +128,9 @@ def read_trace(path: str | os.PathLike[str]) -> Arrivals:
 
 # ---- synthetic ----------------------------------------------------------------------------------
 
-def _lengths(rng: np.random.Generator, n: int, mean: float, cv: float) -> np.ndarray:
+def lognormal_lengths(rng: np.random.Generator, n: int, mean: float, cv: float) -> np.ndarray:
+    """`n` token lengths, log-normal with this mean and coefficient of variation, at least 1
+    (cv 0: all equal to the mean)."""
     if cv <= 0:
         return np.full(n, max(1, round(mean)), dtype=np.int64)
     sigma2 = np.log(1 + cv * cv)
@@ -151,4 +153,5 @@ def gamma_arrivals(rate_rps: float, duration_s: float, cv: float = 1.0, prompt_t
         t = np.concatenate([t, more])
     t = t[t < duration_s]
     n = len(t)
-    return Arrivals(t, _lengths(rng, n, prompt_tokens, length_cv), _lengths(rng, n, output_tokens, length_cv))
+    return Arrivals(t, lognormal_lengths(rng, n, prompt_tokens, length_cv),
+                    lognormal_lengths(rng, n, output_tokens, length_cv))
