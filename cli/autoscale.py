@@ -6,8 +6,8 @@ exits 2.
 
 `evaluate --json` prints one JSON object for one policy; for `--policy all`, an object with the
 run's settings and `policies`: {name: object}. Each object carries at least slo_attainment,
-ttft_p95_s, gpu_hours, cost_usd, scale_actions, scale_actions_per_hour and dropped_requests
-(see sim/evaluate.py for how each is counted).
+ttft_p95_s, gpu_hours, cost_usd, scale_actions (target changes + cancelled starts),
+scale_actions_per_hour and dropped_requests (see sim/evaluate.py for how each is counted).
 """
 
 from __future__ import annotations
@@ -135,15 +135,17 @@ def _print_table(results: list[Any], settings: dict[str, Any], n: int, span_s: f
             f"{settings['model']} from {settings['cluster']}; {config.replica_capacity_rps:.2f} "
             f"req/s per replica at the SLO, peak {peak:.2f} req/s")
     t = Table("policy", "SLO attain.", "TTFT p95 s", "TPOT p95 ms", "GPU-h", "cost $",
-              "replicas mean/peak", "scale actions (/h)", "dropped")
+              "replicas mean/peak", "scale actions (/h)", "cancelled starts",
+              "dropped")
     for r in results:
         d = r.to_json_dict()
         tpot = "-" if d["tpot_p95_s"] is None else f"{d['tpot_p95_s'] * 1e3:.1f}"
         ttft = "-" if d["ttft_p95_s"] is None else f"{d['ttft_p95_s']:.2f}"
         t.add_row(r.policy, f"{d['slo_attainment']:.2%}", ttft, tpot, f"{d['gpu_hours']:.2f}",
-                  f"{d['cost_usd']:.2f}", f"{d['mean_replicas']:.2f} / {d['peak_replicas']}",
+                  f"{d['cost_usd']:.2f}",
+                  f"{d['mean_replicas']:.2f} / {d['peak_replicas']}",
                   f"{d['scale_actions']} ({d['scale_actions_per_hour']:.1f})",
-                  str(d["dropped_requests"]))
+                  str(d["cancelled_starts"]), str(d["dropped_requests"]))
     c.print(t)
 
 
@@ -167,7 +169,10 @@ def burst_trace_cmd(
                          output_tokens=output_tokens)
     except ValueError as err:
         raise _fail(str(err)) from None
-    arr = burst_arrivals(spec, seed)
+    _write_trace(burst_arrivals(spec, seed), out, duration)
+
+
+def _write_trace(arr: Any, out: Path, duration: float) -> None:
     rows = (f"{t:.6f},{p},{o}" for t, p, o in zip(arr.t, arr.prompt, arr.output))
     try:
         out.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")

@@ -97,6 +97,10 @@ class SimResult:
     # (time, target_active, reason) whenever the policy changed its target.
     decisions: tuple[tuple[float, int, str], ...] = ()
     replicas: tuple[ReplicaStats, ...] = ()
+    # Per request of the trace, in its order: finished within both SLO targets.
+    met_slo: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # Replicas the policy started (active or standby) and removed before they ever served.
+    cancelled_starts: int = 0
 
 
 def request_latencies(arrival: np.ndarray, first: np.ndarray, finish: np.ndarray,
@@ -109,14 +113,19 @@ def request_latencies(arrival: np.ndarray, first: np.ndarray, finish: np.ndarray
     return ttft, tpot, e2e
 
 
+def meets_slo(ttft: np.ndarray, tpot: np.ndarray, slo_ttft_s: float,
+              slo_tpot_s: float) -> np.ndarray:
+    """Per finished request: TTFT and TPOT (none for one-token outputs) within target."""
+    return (ttft <= slo_ttft_s) & np.where(np.isnan(tpot), True, tpot <= slo_tpot_s)
+
+
 def summarize(*, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, output: np.ndarray,
               total_requests: int, rejected: int, itl_values: np.ndarray, itl_weights: np.ndarray,
               preemptions: int, gpu_seconds: float, usd_per_gpu_hour: float, makespan_s: float,
               replica_seconds: float, peak_replicas: int, slo_ttft_s: float, slo_tpot_s: float,
               prompt_tokens: int = 0, prefix_hit_tokens: int = 0) -> SimSummary:
     ttft, tpot, e2e = request_latencies(arrival, first, finish, output)
-    ok_tpot = np.where(np.isnan(tpot), True, tpot <= slo_tpot_s)
-    good = int(np.count_nonzero((ttft <= slo_ttft_s) & ok_tpot))
+    good = int(np.count_nonzero(meets_slo(ttft, tpot, slo_ttft_s, slo_tpot_s)))
     out_tokens = int(output.sum())
     gpu_hours = gpu_seconds / 3600.0
     cost = gpu_hours * usd_per_gpu_hour

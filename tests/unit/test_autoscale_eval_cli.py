@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from hbmserve.cli.autoscale import register
 
 KEYS = {"slo_attainment", "ttft_p95_s", "gpu_hours", "cost_usd", "scale_actions",
-        "scale_actions_per_hour", "dropped_requests"}
+        "scale_actions_per_hour", "dropped_requests", "target_changes", "cancelled_starts"}
 POLICIES = ("hbmserve", "ray-default", "static-peak", "queue-threshold")
 
 
@@ -68,11 +68,14 @@ def test_evaluate_all_json_and_table_and_plot(app, trace, tmp_path):
     out = json.loads(r.stdout)
     assert set(out["policies"]) == set(POLICIES)
     assert all(KEYS <= set(v) for v in out["policies"].values())
+    for v in out["policies"].values():
+        assert v["scale_actions"] == v["target_changes"] + v["cancelled_starts"]
     assert out["startup_s"] == {"hot": 5.0, "warm": 45.0, "cold": 180.0}
     png = tmp_path / "replicas.png"
     r = run(app, "evaluate", "--trace", str(trace), "--policy", "all", "--plot", str(png))
     assert r.exit_code == 0, r.output
-    assert all(p in r.stdout for p in POLICIES) and "SLO attain." in r.stdout
+    assert all(p[:10] in r.stdout for p in POLICIES) and "SLO attain." in r.stdout
+    assert "cancelled" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -157,3 +160,4 @@ def test_burst_trace_bad_shape_is_a_one_line_error(app, tmp_path):
     r = run(app, "burst-trace", "--out", str(tmp_path / "b.csv"), "--duration", "100",
             "--bursts", "2", "--burst-seconds", "80")
     assert_one_line_error(r, "do not fit")
+
