@@ -208,6 +208,7 @@ class EvalResult:
     decisions: tuple[tuple[float, int, str], ...] = ()
     met_slo: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # per request
     cancelled_starts: int = 0  # replicas started and removed before they served
+    detail: dict[str, Any] = field(default_factory=dict)  # policy-specific, added to the JSON
 
     @property
     def scale_actions(self) -> int:
@@ -236,6 +237,7 @@ class EvalResult:
             "mean_replicas": s.mean_replicas, "peak_replicas": s.peak_replicas,
             "initial_replicas": self.initial_replicas, "makespan_s": s.makespan_s,
             "replica_capacity_rps": self.config.replica_capacity_rps, "peak_rps": self.peak_rps,
+            **self.detail,
         }
 
 
@@ -252,11 +254,16 @@ def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals,
              config: AutoscaleConfig | None = None, entry: PolicyEntry | None = None) -> EvalResult:
     """Run the registered policy `policy` over `arr` on `cluster` (config: eval_config(cluster,
     arr)). `entry` replaces the registry's, e.g. a baseline with another config mapping; the
-    result is still labelled `policy`."""
+    result is still labelled `policy`. A clairvoyant entry (the oracle) is planned from the
+    whole trace first (sim/oracle.py)."""
     entry = entry or POLICIES.get(policy)
     if entry is None:
         raise EvalError(f"--policy {policy!r}: not one of {', '.join(POLICIES)}")
     config = config or eval_config(cluster, arr)
+    if entry.clairvoyant:
+        from hbmserve.sim.oracle import plan_oracle
+
+        return plan_oracle(cluster, arr, config, label=policy, entry=entry).result
     return run_policy(policy, entry, entry.make_config(config, arr.rate_peak()), cluster, arr,
                       config)
 
