@@ -24,6 +24,9 @@ The model (deliberately simple, every term explicit):
 
 Bounds per tier (min, max) clamp the result, and standbys never exceed max_replicas minus the
 active target: a standby that can never be promoted is pure cost.
+
+`hold_tier` keeps the counts from flapping (issue 14: eight standbys an hour ordered and
+cancelled before they served on the Azure conversation trace).
 """
 
 from __future__ import annotations
@@ -152,3 +155,36 @@ def size_pool(
         f" per {t_cold:.0f}s)"
     )
     return PoolSizing(hot=hot, warm=warm, reason=reason)
+
+
+@dataclass(frozen=True)
+class PoolHold:
+    """One tier's standby count after hysteresis: what is held, and the change pending.
+
+    Ordering a standby starts a replica that bills from its order; cancelling it before it
+    serves is churn (sim/evaluate.py counts it as a scale action). Sizing alone moves with
+    every wobble of the rate's spread, so a count is changed only once the wish has stayed on
+    one side of it for a delay: up after `up_delay_s`, to the lowest count wished meanwhile;
+    down after `down_delay_s`, to the highest (Kubernetes HPA's stabilisation, both ways)."""
+
+    held: int
+    since: float | None = None  # when the wish left `held` on its current side
+    pending: int = 0  # lowest wish since (a pending rise) or highest (a pending fall)
+
+
+def hold_tier(hold: PoolHold | None, wish: int, now: float, up_delay_s: float,
+              down_delay_s: float) -> PoolHold:
+    if hold is None:  # nothing held yet: the first wish stands
+        return PoolHold(wish)
+    if wish == hold.held:
+        return PoolHold(hold.held)
+    up = wish > hold.held
+    same_side = hold.since is not None and (hold.pending > hold.held) == up
+    since = hold.since if same_side and hold.since is not None else now
+    if not same_side:
+        pending = wish
+    else:
+        pending = min(hold.pending, wish) if up else max(hold.pending, wish)
+    if now - since >= (up_delay_s if up else down_delay_s):
+        return PoolHold(pending)
+    return PoolHold(hold.held, since, pending)
