@@ -67,18 +67,19 @@ def _count_worth_keeping(
     saving_per_use_usd: float,
     idle_cost_usd: float,
     upper: int,
-    surge: tuple[float, float, float, float] = (0.0, 0.0, 1.0, 0.0),
+    surge: tuple[float, float, float, float, float] = (0.0, 0.0, 1.0, 0.0, 0.0),
 ) -> tuple[int, float]:
     """How many standbys pay for themselves, and the use probability of the last one kept
     (or of the first one refused, when none is kept). surge: (probability of a step within
-    the window, the rate it reaches, rps a standby carries during one, saving per use)."""
-    p_step, step_rps, step_replica_rps, step_saving_usd = surge
+    the window, the rate it reaches, rps a standby carries during one, saving per use, rps
+    the replicas ahead of this tier carry during one)."""
+    p_step, step_rps, step_replica_rps, step_saving_usd, step_covered_rps = surge
     kept = 0
     probability = prob_rate_exceeds(mu, sigma, covered_rps)
     while kept < upper:
         probability = prob_rate_exceeds(mu, sigma, covered_rps + kept * replica_rps)
         value = probability * saving_per_use_usd
-        if step_rps > covered_rps + kept * step_replica_rps and \
+        if step_rps > step_covered_rps + kept * step_replica_rps and \
                 p_step * step_saving_usd > value:
             probability, value = p_step, p_step * step_saving_usd
         if value <= idle_cost_usd:
@@ -88,14 +89,19 @@ def _count_worth_keeping(
 
 
 def _surge(trend: RateTrend, window_s: float, prior_s: float, replica_max_rps: float,
-           slo_miss_usd: float, saved_s: float) -> tuple[float, float, float, float]:
+           slo_miss_usd: float, saved_s: float,
+           ahead: int) -> tuple[float, float, float, float, float]:
     # Steps as a Poisson process at the rate seen; the next one is assumed to reach the last
     # one's height. A standby only bridges a step until slower tiers arrive, so it is counted
-    # at its full SLO capacity rather than at the target utilisation. A step takes every tier
-    # at once, so what a standby saves in one is measured against the cold start that serves
-    # the rest of it, not against the next tier's start-up as for a drift.
+    # at its full SLO capacity rather than at the target utilisation; so are the `ahead`
+    # replicas already serving or faster to promote, which bridge the same minutes (counted
+    # at the target utilisation they made the pool keep a warm node for a step that the
+    # active replica and two hot standbys carried: issue 14). A step takes every tier at once,
+    # so what a standby saves in one is measured against the cold start that serves the rest
+    # of it, not against the next tier's start-up as for a drift.
     p_step = 1.0 - math.exp(-trend.surges_per_s(prior_s) * window_s)
-    return p_step, trend.step_rps, replica_max_rps, slo_miss_usd * replica_max_rps * saved_s
+    return (p_step, trend.step_rps, replica_max_rps, slo_miss_usd * replica_max_rps * saved_s,
+            ahead * replica_max_rps)
 
 
 def size_pool(
@@ -127,7 +133,7 @@ def size_pool(
         idle_cost_usd=hot_idle,
         upper=min(hot_bounds[1], room),
         surge=_surge(trend, t_warm, surge_prior_s, replica_max_rps, economics.slo_miss_usd,
-                     max(0.0, t_cold - t_hot)),
+                     max(0.0, t_cold - t_hot), target_active),
     )
     hot = min(max(hot_model, hot_bounds[0]), hot_bounds[1], room)
 
@@ -144,7 +150,7 @@ def size_pool(
         idle_cost_usd=warm_idle,
         upper=min(warm_bounds[1], warm_room),
         surge=_surge(trend, t_cold, surge_prior_s, replica_max_rps, economics.slo_miss_usd,
-                     max(0.0, t_cold - t_warm)),
+                     max(0.0, t_cold - t_warm), target_active + hot),
     )
     warm = min(max(warm_model, warm_bounds[0]), warm_bounds[1], warm_room)
 
