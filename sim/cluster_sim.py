@@ -71,7 +71,7 @@ class SimCluster:
 
 class _Replica:
     __slots__ = ("rid", "seq", "state", "tier", "engine", "created", "ready_at", "removed", "plan",
-                 "plan_start", "epoch", "served", "ordered")
+                 "plan_start", "epoch", "ready_epoch", "served", "ordered")
 
     def __init__(self, seq: int, state: ReplicaState, engine: EngineCore, now: float, ready_at: float,
                  tier: Tier | None = None) -> None:
@@ -81,7 +81,11 @@ class _Replica:
         self.removed: float | None = None
         self.plan: Plan | None = None
         self.plan_start = 0.0
+        # Events carry the epoch they were pushed at; a newer one voids them. Steps and
+        # readiness count apart: a demoted replica still finishing its work may be promoted
+        # back, and neither its step in flight nor its new start-up may void the other.
         self.epoch = 0
+        self.ready_epoch = 0
         self.served = state is ReplicaState.ACTIVE  # has been routed to
         self.ordered = True  # started by the policy, not part of the fleet at t=0
 
@@ -132,8 +136,8 @@ class _Run:
         if state is ReplicaState.ACTIVE:
             self.active.append(rep)
         elif state is ReplicaState.STARTING or ready_at > now:
-            rep.epoch += 1
-            self.push(ready_at, _READY, rep, rep.epoch)
+            rep.ready_epoch += 1
+            self.push(ready_at, _READY, rep, rep.ready_epoch)
         return rep
 
     def remove(self, rep: _Replica, now: float) -> None:
@@ -279,8 +283,8 @@ class _Run:
         for r in standby[:n]:
             r.state = ReplicaState.STARTING
             r.ready_at = max(r.ready_at, now) + startup[r.tier]
-            r.epoch += 1
-            self.push(r.ready_at, _READY, r, r.epoch)
+            r.ready_epoch += 1
+            self.push(r.ready_at, _READY, r, r.ready_epoch)
         for _ in range(n - min(n, len(standby))):
             self.new_replica(ReplicaState.STARTING, now, now + startup[Tier.COLD], Tier.COLD)
 
@@ -363,7 +367,7 @@ class _Run:
                 if rep is not None and rep.epoch == epoch and rep.removed is None:
                     self.on_step(rep, now)
             elif kind == _READY:
-                if rep is not None and rep.epoch == epoch and rep.removed is None:
+                if rep is not None and rep.ready_epoch == epoch and rep.removed is None:
                     self.on_ready(rep, now)
             elif kind == _TICK:
                 self.on_tick(now)

@@ -202,3 +202,19 @@ def test_a_start_that_served_is_not_cancelled_when_it_is_removed():
     pol = functools.partial(scripted, steps=[(0.0, 2), (10.0, 1)])
     res = simulate(cluster(1), LOAD, PolicyBinding(pol, None, 10.0, 30.0, fast))
     assert res.cancelled_starts == 1
+
+
+def test_a_busy_replica_demoted_then_promoted_back_serves_and_finishes_its_work():
+    # Two actives under load; at 30 s one is demoted into the hot pool with requests in
+    # flight (its step still running), at 31 s promoted back (5 s). Its step must complete and
+    # its start-up must end: every request finishes, and 2 actives serve again from ~36 s.
+    def policy(snapshot, state):
+        target = 1 if 30.0 <= snapshot.now < 31.0 else 2
+        return ScaleDecision(target, {Tier.HOT: 1 if snapshot.now >= 30.0 else 0}, "blip"), state
+
+    load = gamma_arrivals(6.0, 120.0, 1.0, prompt_tokens=300, output_tokens=400, seed=2)
+    res = simulate(cluster(2), load, PolicyBinding(policy, None, 1.0, 30.0, STARTUP))
+    assert res.summary.finished == len(load) and res.summary.unfinished == 0
+    ts = res.timeseries
+    assert ts["active"][(ts["t_s"] >= 40) & (ts["t_s"] <= 100)].min() == 2
+    assert res.summary.makespan_s < 200.0
