@@ -118,8 +118,8 @@ class AutoscaleConfig:
     # A queue left when new replicas could arrive must be gone at most this much later
     # (signals.queue_need; sooner when help is fast, see decide). 180 s: one reference cold
     # start; 120 s made a sharp step order replicas to drain, faster than one more cold start,
-    # a backlog whose requests had already missed their TTFT (issue 14: 5% of the GPU-hours
-    # on the sharp-burst trace, no attainment).
+    # a backlog whose requests had already missed their TTFT (issue 14: up to 6% of the
+    # GPU-hours on the sharp-burst trace, no attainment).
     backlog_drain_s: float = 180.0
     rate_smoothing_s: float = 5.0  # fast average of the rate
     trend_window_s: float = 120.0  # slow average; the trend is their gap (signals.RateTrend)
