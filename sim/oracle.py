@@ -57,7 +57,6 @@ class OracleSpec:
     attainment_gap: float = 0.001  # the aim: the ceiling's attainment less this
     max_runs: int = 8  # simulator replays in the search, the ceiling not included
     bisect_runs: int = 6  # of which for the utilisation search
-    fluid: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,10 +68,11 @@ class OraclePlan:
     trials: tuple[tuple[float, float], ...]  # (SLO attainment, GPU-hours) of each replay
 
 
-def need_of(arr: Arrivals, config: AutoscaleConfig, bin_s: float, utilization: float,
-            fluid: bool = True) -> np.ndarray:
-    """Replicas per interval at `utilization` of the model's capacity. fluid: the backlog an
-    interval leaves (arrivals over its capacity) must drain within the TTFT target."""
+def need_of(arr: Arrivals, config: AutoscaleConfig, bin_s: float,
+            utilization: float) -> np.ndarray:
+    """Replicas per interval at `utilization` of the model's capacity, and more while the
+    backlog an interval leaves (its arrivals beyond that capacity, carried over as a fluid)
+    would not drain within the TTFT target."""
     n_bins = int(math.floor(float(arr.t[-1]) / bin_s)) + 1 if len(arr) else 1
     counts = np.bincount((arr.t // bin_s).astype(np.int64), minlength=n_bins)[:n_bins]
     per_replica = config.replica_capacity_rps * utilization
@@ -81,11 +81,10 @@ def need_of(arr: Arrivals, config: AutoscaleConfig, bin_s: float, utilization: f
     backlog = 0.0
     for k, c in enumerate(counts):
         n = max(lo, min(hi, math.ceil(c / (per_replica * bin_s))))
-        if fluid:
-            while n < hi and backlog + c - n * per_replica * bin_s > \
-                    n * per_replica * config.ttft_p95_target_s:
-                n += 1
-            backlog = max(0.0, backlog + c - n * per_replica * bin_s)
+        while n < hi and backlog + c - n * per_replica * bin_s > \
+                n * per_replica * config.ttft_p95_target_s:
+            n += 1
+        backlog = max(0.0, backlog + c - n * per_replica * bin_s)
         need[k] = n
     return need
 
@@ -126,7 +125,7 @@ def plan_oracle(cluster: EvalCluster, arr: Arrivals, config: AutoscaleConfig,
         return seen[key]
 
     # The ceiling is itself a schedule that reaches the aim: max_replicas throughout.
-    n_bins = len(need_of(arr, config, bin_s, 1.0, spec.fluid))
+    n_bins = len(need_of(arr, config, bin_s, 1.0))
     best = (np.full(n_bins, config.max_replicas), OracleConfig(((0.0, config.max_replicas),),
                                                                 note="max_replicas"),
             dataclasses.replace(ceiling, policy=label))
@@ -136,7 +135,7 @@ def plan_oracle(cluster: EvalCluster, arr: Arrivals, config: AutoscaleConfig,
     for _ in range(64):  # steps that land on a schedule already run cost nothing
         if len(trials) >= spec.bisect_runs:
             break
-        need = need_of(arr, config, bin_s, u, spec.fluid)
+        need = need_of(arr, config, bin_s, u)
         oc, res, near = replay(need)
         if res.summary.slo_attainment >= aim:
             if res.summary.gpu_hours <= best[2].summary.gpu_hours:

@@ -98,3 +98,22 @@ def test_the_oracle_s_replicas_serve_one_cold_start_up_after_it_orders_them(clus
         assert ready.min() >= n and before.max() < n, (t, n)
     # its first need was the model's own estimate of the ramp
     assert len(need_of(arr, config, 30.0, 1.0)) == int(arr.t[-1] // 30.0) + 1
+
+
+def test_need_carries_a_backlog_that_would_not_drain_within_the_ttft_target(cluster):
+    # By hand: 1 req/s per replica, TTFT target 2 s, 10 s intervals, at most 2 replicas.
+    # 25 arrivals in the first interval: 2 replicas (capped) serve 20 and leave 5. The next
+    # interval's 8 alone need 1 replica, but 5 + 8 - 10 = 3 would remain, more than the 2 one
+    # replica drains within 2 s: 2 replicas. Without the backlog (20 first), 1.
+    config = dataclasses.replace(eval_config(cluster, TRACES["ramp"]()),
+                                 replica_capacity_rps=1.0, max_replicas=2)
+
+    def two_intervals(first: int, second: int) -> Arrivals:
+        t = np.concatenate([np.linspace(0.0, 10.0, first, endpoint=False),
+                            np.linspace(10.0, 20.0, second, endpoint=False)])
+        return Arrivals(t, np.full(len(t), 100), np.full(len(t), 10))
+
+    assert need_of(two_intervals(25, 8), config, 10.0, 1.0).tolist() == [2, 2]
+    assert need_of(two_intervals(20, 8), config, 10.0, 1.0).tolist() == [2, 1]
+    # At half the capacity per replica the same 8 need 2 even without a backlog.
+    assert need_of(two_intervals(10, 8), config, 10.0, 0.5).tolist() == [2, 2]
