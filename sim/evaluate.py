@@ -25,6 +25,9 @@ up-then-down blip that cancels a start therefore counts three: the order, the ca
 wasted start. `dropped_requests` is every request that never finished (rejected at admission,
 e.g. longer than max_model_len, or still unfinished when the simulation ends).
 
+The oracle (the registry's `clairvoyant` entry) is planned from the whole trace by
+sim/oracle.py and replayed like any policy; the reports give every policy's GPU-hours over its.
+
 `evaluate` is pure apart from CPU time; `load_eval_cluster` is the one function that reads files.
 """
 
