@@ -11,8 +11,9 @@ Pure: no I/O, no wall clock (time is `snapshot.now`). The live adapter
     needs_of          Signals -> Needs: replicas the rate, queue, TTFT, TPOT, ingress ask for
     wish              Needs -> Wish: up-need, down-need, slack, symptom or forecast
     apply_hysteresis  Wish + PolicyState -> Outcome: delays, cool-down, stabilisation floor,
-                      max_replicas cap; the only stage that writes PolicyState
+                      max_replicas cap; writes PolicyState
     pool_for          standbys per tier (warm_pool.size_pool)
+    hold_pool         the pool's own hysteresis (warm_pool.hold_tier); writes PolicyState
     explain           the reason string
 
 then the drivers apply roles: which replicas serve (roles.py: assign_roles live,
@@ -54,11 +55,19 @@ How a decision is made, each term in the reason string:
   `downscale_utilization`; the gap between the two utilisations is the dead band that stops
   flapping under a constant noisy load. The wish must persist for `downscale_delay_s` (or
   `scale_to_zero_delay_s` to reach 0), and no scale-down comes within `downscale_cooldown_s`
-  of a scale-up. The highest need seen while waiting is the one applied (a stabilisation
-  window, as in Kubernetes' HPA; the persistence timers are SkyPilot-style hysteresis kept
-  as data in PolicyState).
+  of a scale-up, nor before the replicas that scale-up ordered serve: a start, once ordered,
+  is not cancelled (a cancelled start bills a replica for nothing and is churn, issue 14).
+  The highest need seen while waiting is the one applied (a stabilisation window, as in
+  Kubernetes' HPA; the persistence timers are SkyPilot-style hysteresis kept as data in
+  PolicyState).
 * Pool: standbys per tier from the cost model in warm_pool.py. The executor refills the pool
-  toward these targets in the background after promotions consume it.
+  toward these targets in the background after promotions consume it. A standby bills from its
+  order, so the counts have hysteresis both ways (stages.hold_pool): a bigger pool is ordered
+  once wished for `rate_upscale_delay_s` (a forecast, like a forecast-only scale-up), a smaller
+  one applied once wished for `downscale_delay_s` (like a scale-down); a change that orders and
+  cancels nothing (a demotion into the pool, standbys promoted out of it) applies at once.
+  Without it the sizing, which follows every wobble of the rate's spread, ordered standbys and
+  cancelled them seconds later (issue 14).
 """
 
 from __future__ import annotations
@@ -67,8 +76,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from hbmserve.autoscale.signals import RateTrend
-from hbmserve.autoscale.stages import (apply_hysteresis, explain, needs_of, plan_promotions,
-                                      pool_for, rate_need, read_signals, tier_sequence, wish)
+from hbmserve.autoscale.stages import (apply_hysteresis, explain, hold_pool, needs_of,
+                                      plan_promotions, pool_for, rate_need, read_signals,
+                                      tier_sequence, wish)
+from hbmserve.autoscale.warm_pool import PoolHold
 from hbmserve.core.scaling import ScaleDecision, Snapshot, Tier
 
 # plan_promotions, rate_need and tier_sequence live with the stages that use them; they are
@@ -108,8 +119,11 @@ class AutoscaleConfig:
     # Window the driver uses for ttft_samples_s and arrival_rate_rps.
     look_back_s: float = 30.0
     # A queue left when new replicas could arrive must be gone at most this much later
-    # (signals.queue_need; sooner when help is fast, see decide).
-    backlog_drain_s: float = 120.0
+    # (signals.queue_need; sooner when help is fast, see decide). 180 s: one reference cold
+    # start; 120 s made a sharp step order replicas to drain, faster than one more cold start,
+    # a backlog whose requests had already missed their TTFT (issue 14: up to 6% of the
+    # GPU-hours on the sharp-burst trace, no attainment).
+    backlog_drain_s: float = 180.0
     rate_smoothing_s: float = 5.0  # fast average of the rate
     trend_window_s: float = 120.0  # slow average; the trend is their gap (signals.RateTrend)
     rate_variance_window_s: float = 600.0
@@ -184,9 +198,12 @@ class PolicyState:
     down_since: float | None = None
     down_floor: int = 0  # highest need seen since down_since
     last_scale_up_at: float | None = None
+    starts_ready_at: float | None = None  # when the replicas the last scale-up ordered serve
     last_scale_down_at: float | None = None
     latency_blind_until: float | None = None  # TTFT and TPOT samples predate the last scale-up
     queue_over_at: float | None = None  # last time the queue was over target (TTFT/TPOT echo)
+    pool_hot: PoolHold | None = None  # standbys held per tier, after the pool's hysteresis
+    pool_warm: PoolHold | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, for Ray Serve's policy_state dict."""
@@ -198,6 +215,9 @@ class PolicyState:
         trend = values.get("trend")
         if isinstance(trend, dict):
             values["trend"] = RateTrend(**trend)
+        for tier in ("pool_hot", "pool_warm"):
+            if isinstance(values.get(tier), dict):
+                values[tier] = PoolHold(**values[tier])
         return cls(**values)
 
 
@@ -206,10 +226,11 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
     signals = read_signals(snapshot, config, state)
     needs = needs_of(signals, config)
     outcome = apply_hysteresis(wish(needs, signals, config), signals, state, config)
-    pool = pool_for(signals, config, outcome.target)
+    pool, state = hold_pool(pool_for(signals, config, outcome.target), signals, outcome.state,
+                            config, outcome.target)
     decision = ScaleDecision(
         target_active=outcome.target,
         target_standby={Tier.HOT: pool.hot, Tier.WARM: pool.warm, Tier.COLD: 0},
         reason=explain(outcome, signals, needs, pool, config),
     )
-    return decision, outcome.state
+    return decision, state

@@ -5,6 +5,9 @@ the model (autoscale/config.py, the one builder), so runs compare like for like:
     config = entry.make_config(autoscale_config_for(model), peak_rps)
     state = entry.initial_state()
     decision, state = entry.decide(snapshot, config, state)
+
+The oracle is the exception: it is `clairvoyant`, planned from the whole trace and the
+simulator by its driver (sim/oracle.py), so its config is a schedule, not derived here.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from hbmserve.autoscale.baselines import (
     ray_default_decide,
     static_peak_decide,
 )
+from hbmserve.autoscale.oracle import OracleConfig, OracleState, oracle_decide
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
 
 
@@ -51,12 +55,20 @@ def queue_threshold_config(config: AutoscaleConfig,
                                 scale_up_queue=config.target_queue_per_replica)
 
 
+def oracle_config(config: AutoscaleConfig, peak_rps: float | None = None) -> OracleConfig:
+    raise ValueError("the oracle's config is a schedule planned from the whole trace by its "
+                     "driver (sim/oracle.py plan_oracle), not derived from a config")
+
+
 @dataclass(frozen=True)
 class PolicyEntry:
     decide: Callable[..., tuple[Any, Any]]
     # (hbmserve's AutoscaleConfig for the model, the trace's peak rps or None) -> this policy's config
     make_config: Callable[[AutoscaleConfig, float | None], Any]
     initial_state: Callable[[], Any]
+    # True: the policy is planned from the whole trace by the driver (sim/oracle.py), which
+    # builds its config; make_config is not called.
+    clairvoyant: bool = False
 
 
 POLICIES: dict[str, PolicyEntry] = {
@@ -65,4 +77,5 @@ POLICIES: dict[str, PolicyEntry] = {
     "static-peak": PolicyEntry(static_peak_decide, static_peak_config, StaticPeakState),
     "queue-threshold": PolicyEntry(queue_threshold_decide, queue_threshold_config,
                                    QueueThresholdState),
+    "oracle": PolicyEntry(oracle_decide, oracle_config, OracleState, clairvoyant=True),
 }

@@ -1,9 +1,10 @@
 """The stages of hbmserve's `decide` (policy.py), in the order it runs them:
 
-    read_signals -> needs_of -> wish -> apply_hysteresis -> pool_for -> explain
+    read_signals -> needs_of -> wish -> apply_hysteresis -> pool_for -> hold_pool -> explain
 
-Each is a pure function of frozen values; only `apply_hysteresis` writes the policy's memory,
-through `dataclasses.replace`. policy.py's docstring says why each rule is what it is.
+Each is a pure function of frozen values; only `apply_hysteresis` and `hold_pool` write the
+policy's memory, through `dataclasses.replace`. policy.py's docstring says why each rule is
+what it is.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 
 from hbmserve.autoscale.signals import (Load, RateTrend, latency_need, load_of, p95, queue_need,
                                        update_trend)
-from hbmserve.autoscale.warm_pool import PoolEconomics, PoolSizing, size_pool
+from hbmserve.autoscale.warm_pool import PoolEconomics, PoolHold, PoolSizing, hold_tier, size_pool
 from hbmserve.core.scaling import ReplicaState, Snapshot, Tier
 
 if TYPE_CHECKING:  # policy.py imports this module; the types are only annotations here
@@ -218,6 +219,44 @@ def pool_for(signals: Signals, config: AutoscaleConfig, active: int) -> PoolSizi
     )
 
 
+def hold_pool(pool: PoolSizing, signals: Signals, state: PolicyState, config: AutoscaleConfig,
+              active: int) -> tuple[PoolSizing, PolicyState]:
+    """The pool sizing once it has lasted (warm_pool.hold_tier): ordering a standby waits
+    `rate_upscale_delay_s`, as a forecast-only scale-up does; cancelling or retiring one waits
+    `downscale_delay_s`, as a scale-down does. A change that orders and cancels nothing is
+    applied at once: replicas this decision takes out of service may join the hot pool (a
+    demotion), and standbys it promotes leave the pool (hot first, as plan_promotions takes
+    them) instead of being ordered again. Bounds, and the room left beside `active` under
+    max_replicas, apply at once."""
+    now, up_s, down_s = signals.now, config.rate_upscale_delay_s, config.downscale_delay_s
+    hot = hold_tier(state.pool_hot, pool.hot, now, up_s, down_s)
+    warm = hold_tier(state.pool_warm, pool.warm, now, up_s, down_s)
+    demoted = max(0, signals.current - active)
+    if demoted and pool.hot > hot.held:
+        hot = _moved(hot, min(pool.hot, hot.held + demoted), pool.hot)
+    promoted = max(0, active - signals.current)
+    if promoted and pool.hot < hot.held:  # promotions take hot standbys first
+        taken = min(promoted, hot.held - pool.hot)
+        hot, promoted = _moved(hot, hot.held - taken, pool.hot), promoted - taken
+    if promoted and pool.warm < warm.held:
+        warm = _moved(warm, warm.held - min(promoted, warm.held - pool.warm), pool.warm)
+    room = max(0, config.max_replicas - active)
+    hot_n = min(max(hot.held, config.hot_standby_min), config.hot_standby_max, room)
+    warm_n = min(max(warm.held, config.warm_pool_min), config.warm_pool_max, room - hot_n)
+    hot = hot if hot_n == hot.held else PoolHold(hot_n)
+    warm = warm if warm_n == warm.held else PoolHold(warm_n)
+    reason = pool.reason
+    if (hot_n, warm_n) != (pool.hot, pool.warm):
+        reason += (f"; held at hot {hot_n}, warm {warm_n} (sized hot {pool.hot}, warm "
+                   f"{pool.warm}: a change waits {up_s:g}s up, {down_s:g}s down)")
+    return PoolSizing(hot_n, warm_n, reason), replace(state, pool_hot=hot, pool_warm=warm)
+
+
+def _moved(hold: PoolHold, held: int, wished: int) -> PoolHold:
+    """`hold` moved to `held` at once; what is still pending toward `wished` stays pending."""
+    return PoolHold(held) if held == wished else replace(hold, held=held)
+
+
 @dataclass(frozen=True)
 class Outcome:
     target: int  # active replicas
@@ -267,6 +306,7 @@ def _toward_up(wanted: Wish, signals: Signals, state: PolicyState, base: PolicyS
     slowest = max((config.startup_s[t] for t in plan), default=0.0)
     return Outcome(target, f"up {current}→{target} ({tiers}){why}",
                    replace(base, target_active=target, last_scale_up_at=now,
+                           starts_ready_at=now + slowest,
                            latency_blind_until=now + slowest + config.look_back_s))
 
 
@@ -281,8 +321,11 @@ def _toward_down(down_to: int, signals: Signals, state: PolicyState, base: Polic
     if down_floor == 0 and config.scale_to_zero_delay_s is not None:
         delay = config.scale_to_zero_delay_s
     waited = now - since >= delay
-    cooled = (state.last_scale_up_at is None
-              or now - state.last_scale_up_at >= config.downscale_cooldown_s)
+    # No scale-down within the cool-down of a scale-up, nor before the replicas it ordered
+    # serve: cancelling a start is churn (issue 14), so an order, once placed, is kept.
+    cooled = ((state.last_scale_up_at is None
+               or now - state.last_scale_up_at >= config.downscale_cooldown_s)
+              and (state.starts_ready_at is None or now >= state.starts_ready_at))
     if waited and cooled:
         # The surplus actives are not lost: as many as the hot pool lacks are demoted into it
         # (live: roles.assign_roles, Serve keeps active + hot running; the simulator: scale_down),

@@ -24,6 +24,9 @@ The model (deliberately simple, every term explicit):
 
 Bounds per tier (min, max) clamp the result, and standbys never exceed max_replicas minus the
 active target: a standby that can never be promoted is pure cost.
+
+`hold_tier` keeps the counts from flapping (issue 14: eight standbys an hour ordered and
+cancelled before they served on the Azure conversation trace).
 """
 
 from __future__ import annotations
@@ -64,18 +67,19 @@ def _count_worth_keeping(
     saving_per_use_usd: float,
     idle_cost_usd: float,
     upper: int,
-    surge: tuple[float, float, float, float] = (0.0, 0.0, 1.0, 0.0),
+    surge: tuple[float, float, float, float, float] = (0.0, 0.0, 1.0, 0.0, 0.0),
 ) -> tuple[int, float]:
     """How many standbys pay for themselves, and the use probability of the last one kept
     (or of the first one refused, when none is kept). surge: (probability of a step within
-    the window, the rate it reaches, rps a standby carries during one, saving per use)."""
-    p_step, step_rps, step_replica_rps, step_saving_usd = surge
+    the window, the rate it reaches, rps a standby carries during one, saving per use, rps
+    the replicas ahead of this tier carry during one)."""
+    p_step, step_rps, step_replica_rps, step_saving_usd, step_covered_rps = surge
     kept = 0
     probability = prob_rate_exceeds(mu, sigma, covered_rps)
     while kept < upper:
         probability = prob_rate_exceeds(mu, sigma, covered_rps + kept * replica_rps)
         value = probability * saving_per_use_usd
-        if step_rps > covered_rps + kept * step_replica_rps and \
+        if step_rps > step_covered_rps + kept * step_replica_rps and \
                 p_step * step_saving_usd > value:
             probability, value = p_step, p_step * step_saving_usd
         if value <= idle_cost_usd:
@@ -85,14 +89,19 @@ def _count_worth_keeping(
 
 
 def _surge(trend: RateTrend, window_s: float, prior_s: float, replica_max_rps: float,
-           slo_miss_usd: float, saved_s: float) -> tuple[float, float, float, float]:
+           slo_miss_usd: float, saved_s: float,
+           ahead: int) -> tuple[float, float, float, float, float]:
     # Steps as a Poisson process at the rate seen; the next one is assumed to reach the last
     # one's height. A standby only bridges a step until slower tiers arrive, so it is counted
-    # at its full SLO capacity rather than at the target utilisation. A step takes every tier
-    # at once, so what a standby saves in one is measured against the cold start that serves
-    # the rest of it, not against the next tier's start-up as for a drift.
+    # at its full SLO capacity rather than at the target utilisation; so are the `ahead`
+    # replicas already serving or faster to promote, which bridge the same minutes (counted
+    # at the target utilisation they made the pool keep a warm node for a step that the
+    # active replica and two hot standbys carried: issue 14). A step takes every tier at once,
+    # so what a standby saves in one is measured against the cold start that serves the rest
+    # of it, not against the next tier's start-up as for a drift.
     p_step = 1.0 - math.exp(-trend.surges_per_s(prior_s) * window_s)
-    return p_step, trend.step_rps, replica_max_rps, slo_miss_usd * replica_max_rps * saved_s
+    return (p_step, trend.step_rps, replica_max_rps, slo_miss_usd * replica_max_rps * saved_s,
+            ahead * replica_max_rps)
 
 
 def size_pool(
@@ -124,7 +133,7 @@ def size_pool(
         idle_cost_usd=hot_idle,
         upper=min(hot_bounds[1], room),
         surge=_surge(trend, t_warm, surge_prior_s, replica_max_rps, economics.slo_miss_usd,
-                     max(0.0, t_cold - t_hot)),
+                     max(0.0, t_cold - t_hot), target_active),
     )
     hot = min(max(hot_model, hot_bounds[0]), hot_bounds[1], room)
 
@@ -141,7 +150,7 @@ def size_pool(
         idle_cost_usd=warm_idle,
         upper=min(warm_bounds[1], warm_room),
         surge=_surge(trend, t_cold, surge_prior_s, replica_max_rps, economics.slo_miss_usd,
-                     max(0.0, t_cold - t_warm)),
+                     max(0.0, t_cold - t_warm), target_active + hot),
     )
     warm = min(max(warm_model, warm_bounds[0]), warm_bounds[1], warm_room)
 
@@ -152,3 +161,36 @@ def size_pool(
         f" per {t_cold:.0f}s)"
     )
     return PoolSizing(hot=hot, warm=warm, reason=reason)
+
+
+@dataclass(frozen=True)
+class PoolHold:
+    """One tier's standby count after hysteresis: what is held, and the change pending.
+
+    Ordering a standby starts a replica that bills from its order; cancelling it before it
+    serves is churn (sim/evaluate.py counts it as a scale action). Sizing alone moves with
+    every wobble of the rate's spread, so a count is changed only once the wish has stayed on
+    one side of it for a delay: up after `up_delay_s`, to the lowest count wished meanwhile;
+    down after `down_delay_s`, to the highest (Kubernetes HPA's stabilisation, both ways)."""
+
+    held: int
+    since: float | None = None  # when the wish left `held` on its current side
+    pending: int = 0  # lowest wish since (a pending rise) or highest (a pending fall)
+
+
+def hold_tier(hold: PoolHold | None, wish: int, now: float, up_delay_s: float,
+              down_delay_s: float) -> PoolHold:
+    if hold is None:  # nothing held yet: the first wish stands
+        return PoolHold(wish)
+    if wish == hold.held:
+        return PoolHold(hold.held)
+    up = wish > hold.held
+    same_side = hold.since is not None and (hold.pending > hold.held) == up
+    since = hold.since if same_side and hold.since is not None else now
+    if not same_side:
+        pending = wish
+    else:
+        pending = min(hold.pending, wish) if up else max(hold.pending, wish)
+    if now - since >= (up_delay_s if up else down_delay_s):
+        return PoolHold(pending)
+    return PoolHold(hold.held, since, pending)

@@ -129,7 +129,9 @@ def read_trace(path: str | os.PathLike[str]) -> Arrivals:
 
 # ---- synthetic ----------------------------------------------------------------------------------
 
-def _lengths(rng: np.random.Generator, n: int, mean: float, cv: float) -> np.ndarray:
+def lognormal_lengths(rng: np.random.Generator, n: int, mean: float, cv: float) -> np.ndarray:
+    """`n` token lengths, log-normal with this mean and coefficient of variation, at least 1
+    (cv 0: all equal to the mean)."""
     if cv <= 0:
         return np.full(n, max(1, round(mean)), dtype=np.int64)
     sigma2 = np.log(1 + cv * cv)
@@ -152,7 +154,8 @@ def gamma_arrivals(rate_rps: float, duration_s: float, cv: float = 1.0, prompt_t
         t = np.concatenate([t, more])
     t = t[t < duration_s]
     n = len(t)
-    return Arrivals(t, _lengths(rng, n, prompt_tokens, length_cv), _lengths(rng, n, output_tokens, length_cv))
+    return Arrivals(t, lognormal_lengths(rng, n, prompt_tokens, length_cv),
+                    lognormal_lengths(rng, n, output_tokens, length_cv))
 
 
 def length_stream(prompt_tokens: float, output_tokens: float, length_cv: float = 0.0,
@@ -161,5 +164,6 @@ def length_stream(prompt_tokens: float, output_tokens: float, length_cv: float =
     loop, whose number of requests is not known in advance."""
     rng = np.random.default_rng(seed)
     while True:
-        prompts, outputs = _lengths(rng, 1024, prompt_tokens, length_cv), _lengths(rng, 1024, output_tokens, length_cv)
+        prompts = lognormal_lengths(rng, 1024, prompt_tokens, length_cv)
+        outputs = lognormal_lengths(rng, 1024, output_tokens, length_cv)
         yield from zip(prompts.tolist(), outputs.tolist())

@@ -1,4 +1,5 @@
-"""`hbmserve autoscale ...`: evaluate scaling policies in the simulator, make a burst trace.
+"""`hbmserve autoscale ...`: evaluate scaling policies in the simulator, make a burst trace or a
+prompt-heavy (code completion) one.
 
 Registered through `register(app)`. Heavy imports (numpy, the simulator, matplotlib) happen
 inside the commands so `hbmserve --help` stays fast. Bad input prints one `error: ...` line and
@@ -6,10 +7,13 @@ exits 2.
 
 `evaluate --json` prints one JSON object for one policy; for `--policy all`, an object with the
 run's settings and `policies`: {name: object}. Each object carries at least slo_attainment,
-ttft_p95_s, gpu_hours, cost_usd, scale_actions, scale_actions_per_hour and dropped_requests
-(see sim/evaluate.py for how each is counted). The single object, or the settings of `all`,
-also carry `slo_feasible` and `slo_blocker`: whether the config's engine settings can meet
-its SLO on this trace at any replica count up to max_replicas (capacity/slo_cap.py), and why not.
+ttft_p95_s, gpu_hours, cost_usd, scale_actions (target changes + cancelled starts),
+scale_actions_per_hour and dropped_requests (see sim/evaluate.py for how each is counted); when
+the oracle ran (`--policy all` or `oracle`), every object also carries gpu_hours_vs_oracle and
+the oracle's own carries how it was planned (`oracle`: aim, ceiling, trials). The single object,
+or the settings of `all`, also carry `slo_feasible` and `slo_blocker`: whether the config's engine
+settings can meet its SLO on this trace at any replica count up to max_replicas
+(capacity/slo_cap.py), and why not.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ def evaluate_cmd(
     trace: Annotated[Path, typer.Option("--trace", help="CSV (arrived_at,num_prefill_tokens,"
                                         "num_decode_tokens) or JSONL trace")],
     policy: Annotated[str, typer.Option("--policy", help="hbmserve, ray-default, static-peak, "
-                                        "queue-threshold, or all (side by side)")],
+                                        "queue-threshold, oracle (planned from the whole "
+                                        "trace: the limit), or all (side by side)")],
     config: Annotated[Optional[Path], typer.Option("--config", help="cluster YAML; default: the "
                                                    "reference cluster (sim/data/"
                                                    "reference_cluster.yaml)")] = None,
@@ -111,15 +116,29 @@ def evaluate_cmd(
                 "time_scale": time_scale, "token_scale": token_scale, "clip_s": clip,
                 "startup_s": {t.value: s for t, s in auto.startup_s.items()},
                 "decision_interval_s": interval, **check.to_json_dict()}
+    oracle = next((r for r in results if POLICIES[r.policy].clairvoyant), None)
     if json_out:
-        objs = {r.policy: {**r.to_json_dict(), "sim_wall_s": wall[r.policy]} for r in results}
+        objs = {r.policy: {**r.to_json_dict(), "sim_wall_s": wall[r.policy],
+                           **_vs_oracle(r, oracle)} for r in results}
         out: dict[str, Any] = ({**objs[policy], **check.to_json_dict()} if policy != ALL
                                else {**settings, "policies": objs})
         typer.echo(json.dumps(out))
     else:
-        _print_table(results, settings, len(arr), arr.duration_s)
+        _print_table(results, settings, len(arr), arr.duration_s, oracle)
+    if oracle is not None:
+        from hbmserve.sim.oracle import undercut_oracle
+
+        for name in undercut_oracle(results, oracle):
+            typer.echo(f"warning: {name} reaches the oracle's SLO attainment with fewer GPU-hours: "
+                       "the oracle's search fell short of the limit on this trace", err=True)
     if plot is not None and not json_out:
         typer.echo(f"plot written to {plot}")
+
+
+def _vs_oracle(r: Any, oracle: Any) -> dict[str, float]:
+    if oracle is None:
+        return {}
+    return {"gpu_hours_vs_oracle": r.summary.gpu_hours / oracle.summary.gpu_hours}
 
 
 def _console():
@@ -131,7 +150,8 @@ def _console():
     return Console() if sys.stdout.isatty() else Console(width=150)
 
 
-def _print_table(results: list[Any], settings: dict[str, Any], n: int, span_s: float) -> None:
+def _print_table(results: list[Any], settings: dict[str, Any], n: int, span_s: float,
+                 oracle: Any = None) -> None:
     from rich.table import Table
 
     c = _console()
@@ -140,17 +160,29 @@ def _print_table(results: list[Any], settings: dict[str, Any], n: int, span_s: f
             f"(time x{settings['time_scale']:g}, tokens x{settings['token_scale']:g}); "
             f"{settings['model']} from {settings['cluster']}; {config.replica_capacity_rps:.2f} "
             f"req/s per replica at the SLO, peak {peak:.2f} req/s")
-    t = Table("policy", "SLO attain.", "TTFT p95 s", "TPOT p95 ms", "GPU-h", "cost $",
-              "replicas mean/peak", "scale actions (/h)", "dropped")
+    t = Table("policy", "SLO attain.", "TTFT p95 s", "TPOT p95 ms", "GPU-h",
+              *(("GPU-h/oracle",) if oracle is not None else ()), "cost $",
+              "replicas mean/peak", "scale actions (/h)", "cancelled starts",
+              "dropped")
     for r in results:
         d = r.to_json_dict()
         tpot = "-" if d["tpot_p95_s"] is None else f"{d['tpot_p95_s'] * 1e3:.1f}"
         ttft = "-" if d["ttft_p95_s"] is None else f"{d['ttft_p95_s']:.2f}"
+        ratio = [f"{v:.2f}" for v in _vs_oracle(r, oracle).values()]
         t.add_row(r.policy, f"{d['slo_attainment']:.2%}", ttft, tpot, f"{d['gpu_hours']:.2f}",
-                  f"{d['cost_usd']:.2f}", f"{d['mean_replicas']:.2f} / {d['peak_replicas']}",
+                  *ratio, f"{d['cost_usd']:.2f}",
+                  f"{d['mean_replicas']:.2f} / {d['peak_replicas']}",
                   f"{d['scale_actions']} ({d['scale_actions_per_hour']:.1f})",
-                  str(d["dropped_requests"]))
+                  str(d["cancelled_starts"]), str(d["dropped_requests"]))
     c.print(t)
+    if oracle is not None:
+        o = oracle.detail.get("oracle", {})
+        if o:
+            c.print(f"oracle: the fewest replicas, each ordered one cold start-up before it is "
+                    f"needed, that reach {o['aim_slo_attainment']:.2%} (the attainment of "
+                    f"max_replicas throughout, {o['ceiling_slo_attainment']:.2%}, less "
+                    f"{100 * (o['ceiling_slo_attainment'] - o['aim_slo_attainment']):.2g} "
+                    f"point); found in {len(o['trials'])} replays")
 
 
 def burst_trace_cmd(
@@ -173,7 +205,32 @@ def burst_trace_cmd(
                          output_tokens=output_tokens)
     except ValueError as err:
         raise _fail(str(err)) from None
-    arr = burst_arrivals(spec, seed)
+    _write_trace(burst_arrivals(spec, seed), out, duration)
+
+
+def code_trace_cmd(
+    out: Annotated[Path, typer.Option("--out", help="CSV file to write (Azure layout)")],
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    duration: Annotated[float, typer.Option("--duration", help="seconds")] = 3600.0,
+    base_rps: Annotated[float, typer.Option("--base-rps")] = 4.0,
+    peak_rps: Annotated[float, typer.Option("--peak-rps", help="top of the swell")] = 12.0,
+    spikes: Annotated[int, typer.Option("--spikes")] = 2,
+    prompt_tokens: Annotated[float, typer.Option("--prompt-tokens", help="mean")] = 2000.0,
+    output_tokens: Annotated[float, typer.Option("--output-tokens", help="mean")] = 32.0,
+) -> None:
+    """Write a synthetic prompt-heavy (code completion) trace (see capacity/code_trace.py)."""
+    from hbmserve.capacity.code_trace import CodeTraceSpec, code_arrivals
+
+    try:
+        spec = CodeTraceSpec(duration_s=duration, base_rps=base_rps, peak_rps=peak_rps,
+                             spikes=spikes, prompt_tokens=prompt_tokens,
+                             output_tokens=output_tokens)
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    _write_trace(code_arrivals(spec, seed), out, duration)
+
+
+def _write_trace(arr: Any, out: Path, duration: float) -> None:
     rows = (f"{t:.6f},{p},{o}" for t, p, o in zip(arr.t, arr.prompt, arr.output))
     try:
         out.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")
@@ -187,4 +244,5 @@ def register(app: typer.Typer) -> None:
                       no_args_is_help=True)
     sub.command("evaluate")(evaluate_cmd)
     sub.command("burst-trace")(burst_trace_cmd)
+    sub.command("code-trace")(code_trace_cmd)
     app.add_typer(sub, name="autoscale")

@@ -109,7 +109,10 @@ def figures_of(records: Sequence[RequestRecord], slo: SLOSpec | None = None) -> 
     tokens = np.fromiter((r.output_tokens for r in ok), np.int64, len(ok))
     ttft, tpot, e2e = request_latencies(sent, first, finish, tokens)
     span = max([*finish.tolist(), *(r.sent_s for r in records), 0.0])
-    per_s = 1.0 / span if span > 0 else 0.0
+
+    def per_s(n: float) -> float:  # n / span; 0 when nothing completed (no 0 x inf for a tiny span)
+        return n / span if n and span > 0 else 0.0
+
     good: int | None = None
     if slo is not None:
         good = int(np.count_nonzero(meets_slo(ttft, tpot, slo.ttft_s, slo.tpot_s)))
@@ -121,9 +124,9 @@ def figures_of(records: Sequence[RequestRecord], slo: SLOSpec | None = None) -> 
     return BenchFigures(
         sent=len(records), ok=len(ok), errors_by_kind=dict(sorted((k, n) for k, n in kinds.items() if n)),
         ttft=LatencyStats.of(ttft), tpot=LatencyStats.of(tpot[~np.isnan(tpot)]), itl=LatencyStats.of(itl),
-        e2e=LatencyStats.of(e2e), span_s=span, request_rps=len(ok) * per_s,
-        output_tok_s=float(tokens.sum()) * per_s, output_tokens=int(tokens.sum()),
-        goodput_rps=None if good is None else good * per_s,
+        e2e=LatencyStats.of(e2e), span_s=span, request_rps=per_s(len(ok)),
+        output_tok_s=per_s(float(tokens.sum())), output_tokens=int(tokens.sum()),
+        goodput_rps=None if good is None else per_s(good),
         slo_attainment=None if good is None else (good / len(records) if records else 0.0),
         slo=slo, send_lag_max_s=max(lags) if lags else None)
 

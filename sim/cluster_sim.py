@@ -79,7 +79,7 @@ def cluster_for(sc: Scenario, replicas: int | None = None) -> SimCluster:
 
 class _Replica:
     __slots__ = ("rid", "seq", "state", "tier", "engine", "created", "ready_at", "removed", "plan",
-                 "plan_start", "epoch", "ready_epoch")
+                 "plan_start", "epoch", "ready_epoch", "served", "ordered")
 
     def __init__(self, seq: int, state: ReplicaState, engine: EngineCore, now: float, ready_at: float,
                  tier: Tier | None = None) -> None:
@@ -94,6 +94,8 @@ class _Replica:
         # back, and neither its step in flight nor its new start-up may void the other.
         self.epoch = 0
         self.ready_epoch = 0
+        self.served = state is ReplicaState.ACTIVE  # has been routed to
+        self.ordered = True  # started by the policy, not part of the fleet at t=0
 
 
 class _Run:
@@ -126,6 +128,7 @@ class _Run:
         self.state = policy.initial_state if policy else None
         self.last_target: int | None = None
         self.preemptions_of_removed = 0
+        self.cancelled_starts = 0
         self.next_id = 0
 
     # ---- plumbing ----
@@ -146,6 +149,8 @@ class _Run:
         return rep
 
     def remove(self, rep: _Replica, now: float) -> None:
+        if rep.ordered and not rep.served:
+            self.cancelled_starts += 1  # billed from its order, removed before it served
         rep.removed = now
         rep.epoch += 1
         self.replicas.remove(rep)
@@ -320,6 +325,7 @@ class _Run:
     def on_ready(self, rep: _Replica, now: float) -> None:
         if rep.state is ReplicaState.STARTING:
             rep.state = ReplicaState.ACTIVE
+            rep.served = True
             self.active.append(rep)
             while self.pending and self.active:
                 self.route(self.pending.popleft(), now)
@@ -341,11 +347,11 @@ class _Run:
         hs = self.arr.hashes
         n = len(t)
         for _ in range(self.spec.replicas):
-            self.new_replica(ReplicaState.ACTIVE, 0.0, 0.0)
+            self.new_replica(ReplicaState.ACTIVE, 0.0, 0.0).ordered = False
         if self.pb is not None:
             for tier, k in self.pb.initial_standby.items():
                 for _ in range(k):
-                    self.new_replica(ReplicaState.STANDBY, 0.0, 0.0, tier)
+                    self.new_replica(ReplicaState.STANDBY, 0.0, 0.0, tier).ordered = False
             self.push(0.0, _TICK)
         self.push(0.0, _SAMPLE)
         deadline = (float(t[-1]) if n else 0.0) + self.max_drain_s

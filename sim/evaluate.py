@@ -17,9 +17,16 @@ replicas its own first decision asks for, and at least enough for the trace's fi
 the target utilisation (so an autoscaler is not charged a cold start at t=0, and static-peak
 starts at its fixed count).
 
-Counted: `scale_actions` is the number of times the policy changed its active-replica target;
-`dropped_requests` is every request that never finished (rejected at admission, e.g. longer
-than max_model_len, or still unfinished when the simulation ends).
+Counted: `scale_actions` is the number of times the policy changed its active-replica target
+(`target_changes`) plus every replica it started - to serve or as a standby - and removed
+before it served a request (`cancelled_starts`): each of those billed a whole replica from its
+order and is churn an operator sees, though a pool's flapping changes no active target. An
+up-then-down blip that cancels a start therefore counts three: the order, the cancel and the
+wasted start. `dropped_requests` is every request that never finished (rejected at admission,
+e.g. longer than max_model_len, or still unfinished when the simulation ends).
+
+The oracle (the registry's `clairvoyant` entry) is planned from the whole trace by
+sim/oracle.py and replayed like any policy; the reports give every policy's GPU-hours over its.
 
 `evaluate` is pure apart from CPU time; `load_eval_cluster` is the one function that reads files.
 """
@@ -198,10 +205,17 @@ class EvalResult:
     config: AutoscaleConfig  # hbmserve's, from which the policy's own was derived
     peak_rps: float
     initial_replicas: int
-    scale_actions: int
+    target_changes: int  # of the active-replica target
     replicas_started: int  # replicas brought up after the start, standbys included
     timeseries: dict[str, np.ndarray] = field(default_factory=dict)
     decisions: tuple[tuple[float, int, str], ...] = ()
+    met_slo: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # per request
+    cancelled_starts: int = 0  # replicas started and removed before they served
+    detail: dict[str, Any] = field(default_factory=dict)  # policy-specific, added to the JSON
+
+    @property
+    def scale_actions(self) -> int:
+        return self.target_changes + self.cancelled_starts
 
     @property
     def dropped_requests(self) -> int:
@@ -219,12 +233,14 @@ class EvalResult:
             "ttft_p99_s": s.ttft.p99, "tpot_p50_s": s.tpot.p50, "tpot_p95_s": s.tpot.p95,
             "gpu_hours": s.gpu_hours, "cost_usd": s.cost_usd, "usd_per_mtok": s.usd_per_mtok,
             "scale_actions": self.scale_actions, "scale_actions_per_hour": self.scale_actions_per_hour,
+            "target_changes": self.target_changes, "cancelled_starts": self.cancelled_starts,
             "replicas_started": self.replicas_started, "dropped_requests": self.dropped_requests,
             "requests": s.requests, "finished": s.finished, "rejected": s.rejected,
             "unfinished": s.unfinished, "preemptions": s.preemptions,
             "mean_replicas": s.mean_replicas, "peak_replicas": s.peak_replicas,
             "initial_replicas": self.initial_replicas, "makespan_s": s.makespan_s,
             "replica_capacity_rps": self.config.replica_capacity_rps, "peak_rps": self.peak_rps,
+            **self.detail,
         }
 
 
@@ -241,15 +257,25 @@ def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals,
              config: AutoscaleConfig | None = None, entry: PolicyEntry | None = None) -> EvalResult:
     """Run the registered policy `policy` over `arr` on `cluster` (config: eval_config(cluster,
     arr)). `entry` replaces the registry's, e.g. a baseline with another config mapping; the
-    result is still labelled `policy`."""
-    from hbmserve.sim.cluster_sim import PolicyBinding, cluster_for, simulate
-
+    result is still labelled `policy`. A clairvoyant entry (the oracle) is planned from the
+    whole trace first (sim/oracle.py)."""
     entry = entry or POLICIES.get(policy)
     if entry is None:
         raise EvalError(f"--policy {policy!r}: not one of {', '.join(POLICIES)}")
     config = config or eval_config(cluster, arr)
-    peak = arr.rate_peak()
-    policy_config = entry.make_config(config, peak)
+    if entry.clairvoyant:
+        from hbmserve.sim.oracle import plan_oracle
+
+        return plan_oracle(cluster, arr, config, label=policy, entry=entry).result
+    return run_policy(policy, entry, entry.make_config(config, arr.rate_peak()), cluster, arr,
+                      config)
+
+
+def run_policy(label: str, entry: PolicyEntry, policy_config: Any, cluster: EvalCluster,
+               arr: Arrivals, config: AutoscaleConfig) -> EvalResult:
+    """One simulator run of `entry.decide` bound to `policy_config`."""
+    from hbmserve.sim.cluster_sim import PolicyBinding, cluster_for, simulate
+
     start = initial_replicas(entry.decide, policy_config, entry.initial_state(), config, arr)
     binding = PolicyBinding(lambda snapshot, state: entry.decide(snapshot, policy_config, state),
                             entry.initial_state(), cluster.decision_interval_s,
@@ -257,6 +283,7 @@ def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals,
     sc = cluster.scenario
     sim = cluster_for(sc, start)
     result = simulate(sim, arr, binding)
-    return EvalResult(policy, result.summary, config, peak, start,
+    return EvalResult(label, result.summary, config, arr.rate_peak(), start,
                       count_scale_actions(result.decisions, start),
-                      len(result.replicas) - start, result.timeseries, result.decisions)
+                      len(result.replicas) - start, result.timeseries, result.decisions,
+                      result.met_slo, result.cancelled_starts)

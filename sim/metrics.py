@@ -108,6 +108,10 @@ class SimResult:
     decisions: tuple[tuple[float, int, str], ...] = ()
     replicas: tuple[ReplicaStats, ...] = ()
     requests: RequestTimes | None = None
+    # Per request of the trace, in its order: finished within both SLO targets.
+    met_slo: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # Replicas the policy started (active or standby) and removed before they ever served.
+    cancelled_starts: int = 0
 
 
 def request_latencies(arrival: np.ndarray, first: np.ndarray, finish: np.ndarray,

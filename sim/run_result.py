@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hbmserve.sim.metrics import ReplicaStats, RequestTimes, SimResult, summarize
+from hbmserve.sim.metrics import (ReplicaStats, RequestTimes, SimResult, meets_slo, request_latencies,
+                                  summarize)
 
 if TYPE_CHECKING:
     from hbmserve.sim.cluster_sim import _Run
@@ -40,8 +41,12 @@ def result_of(run: _Run, end: float) -> SimResult:
     stats = tuple(ReplicaStats(r.rid, r.engine.steps, r.engine.busy_s, r.engine.tokens_processed,
                                r.engine.max_used_blocks, r.engine.cfg.num_blocks, r.engine.preemptions,
                                (r.removed if r.removed is not None else end) - r.created) for r in run.all)
-    return SimResult(summary, _timeseries(run, series, arrival, first, finish), tuple(run.decisions), stats,
-                     RequestTimes(arrival, first, finish, output))
+    met = np.zeros(len(run.arr), dtype=bool)
+    ttft, tpot, _ = request_latencies(arrival, first, finish, output)
+    met[np.fromiter((r.rid for r in done), np.int64, len(done))] = meets_slo(
+        ttft, tpot, run.spec.slo.ttft_s, run.spec.slo.tpot_s)
+    return SimResult(summary, _timeseries(run, series, arrival, first, finish), tuple(run.decisions),
+                     stats, RequestTimes(arrival, first, finish, output), met, run.cancelled_starts)
 
 
 def _timeseries(run: _Run, series: np.ndarray, arrival: np.ndarray, first: np.ndarray,

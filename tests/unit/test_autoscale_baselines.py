@@ -9,6 +9,7 @@ import pytest
 
 from hbmserve.autoscale import baselines as bl
 from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.oracle import OracleConfig
 from hbmserve.autoscale.registry import POLICIES
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot
 
@@ -104,7 +105,12 @@ def test_queue_threshold_steps_by_one_with_a_cooldown():
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_every_registered_policy_decides_within_bounds(name):
     entry = POLICIES[name]
-    config = entry.make_config(AutoscaleConfig(min_replicas=1, max_replicas=6), 3.0)
+    if entry.clairvoyant:  # the oracle: a schedule its driver plans from the whole trace
+        with pytest.raises(ValueError, match="planned from the whole trace"):
+            entry.make_config(AutoscaleConfig(min_replicas=1, max_replicas=6), 3.0)
+        config = OracleConfig(((0.0, 2), (80.0, 6), (160.0, 1)))
+    else:
+        config = entry.make_config(AutoscaleConfig(min_replicas=1, max_replicas=6), 3.0)
     state = entry.initial_state()
     for t, waiting in enumerate([0, 40, 40, 40, 0, 0]):
         d, state = entry.decide(snap(float(t * 40), active=2, running=3, waiting=waiting),

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from hbmserve.cli.autoscale import register
 
 KEYS = {"slo_attainment", "ttft_p95_s", "gpu_hours", "cost_usd", "scale_actions",
-        "scale_actions_per_hour", "dropped_requests"}
-POLICIES = ("hbmserve", "ray-default", "static-peak", "queue-threshold")
+        "scale_actions_per_hour", "dropped_requests", "target_changes", "cancelled_starts"}
+POLICIES = ("hbmserve", "ray-default", "static-peak", "queue-threshold", "oracle")
 
 
 @pytest.fixture
@@ -68,11 +68,19 @@ def test_evaluate_all_json_and_table_and_plot(app, trace, tmp_path):
     out = json.loads(r.stdout)
     assert set(out["policies"]) == set(POLICIES)
     assert all(KEYS <= set(v) for v in out["policies"].values())
+    for v in out["policies"].values():
+        assert v["scale_actions"] == v["target_changes"] + v["cancelled_starts"]
+        assert v["gpu_hours_vs_oracle"] == pytest.approx(
+            v["gpu_hours"] / out["policies"]["oracle"]["gpu_hours"])
+    plan = out["policies"]["oracle"]["oracle"]
+    assert out["policies"]["oracle"]["slo_attainment"] >= plan["aim_slo_attainment"]
+    assert plan["aim_slo_attainment"] == pytest.approx(plan["ceiling_slo_attainment"] - 0.001)
     assert out["startup_s"] == {"hot": 5.0, "warm": 45.0, "cold": 180.0}
     png = tmp_path / "replicas.png"
     r = run(app, "evaluate", "--trace", str(trace), "--policy", "all", "--plot", str(png))
     assert r.exit_code == 0, r.output
-    assert all(p in r.stdout for p in POLICIES) and "SLO attain." in r.stdout
+    assert all(p[:10] in r.stdout for p in POLICIES) and "SLO attain." in r.stdout
+    assert "GPU-h/oracle" in r.stdout and "oracle: the fewest replicas" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -193,3 +201,19 @@ models:
     out = json.loads(r.stdout)
     assert out["slo_feasible"] is False and "raise max_replicas" in out["slo_blocker"]
     assert "cannot meet its SLO at any replica count" in r.stderr
+
+
+def test_code_trace_writes_the_seeded_generator_s_requests(app, tmp_path):
+    from hbmserve.capacity.arrivals import read_trace
+    from hbmserve.capacity.code_trace import CodeTraceSpec, code_arrivals
+
+    path = tmp_path / "code.csv"
+    r = run(app, "code-trace", "--out", str(path), "--seed", "4", "--duration", "300",
+            "--spikes", "1")
+    assert r.exit_code == 0, r.output
+    want = code_arrivals(CodeTraceSpec(duration_s=300.0, spikes=1), seed=4)
+    got = read_trace(path)
+    assert len(got) == len(want) and f"{len(want)} requests" in r.stdout
+    assert got.prompt.tolist() == want.prompt.tolist()
+    assert_one_line_error(run(app, "code-trace", "--out", str(path), "--peak-rps", "1"),
+                          "peak_rps")

@@ -129,6 +129,9 @@ def test_scale_actions_per_hour_is_over_the_simulated_span(cluster):
     r = evaluate("queue-threshold", cluster, steps([60, 1500, 60, 0, 30]))
     assert r.scale_actions >= 1
     assert r.scale_actions_per_hour == pytest.approx(r.scale_actions / (r.summary.makespan_s / 3600))
+    # Starts cancelled before serving are actions too (sim/evaluate.py "Counted").
+    assert r.scale_actions == r.target_changes + r.cancelled_starts
+    assert r.target_changes == count_scale_actions(r.decisions, r.initial_replicas)
 
 
 def test_burst_schedule_has_the_asked_bursts_inside_the_trace():

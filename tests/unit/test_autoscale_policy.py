@@ -46,9 +46,9 @@ def test_rate_burst_scales_to_rate_over_capacity_at_target_utilization():
 def test_queue_burst_sizes_the_fleet_by_the_backlog_left_when_new_replicas_arrive():
     # 2 active at 1 rps each under 3 rps; excess 60 - 4 x 2 = 52 queued. No standby, no warm
     # node: help is a cold start (180 s) away. Left then: 52 + (3 - 2) x 180 = 232, to be
-    # gone within backlog_drain_s (120 s) on top of the 3 rps arriving.
+    # gone within one more cold start-up (180 s, backlog_drain_s) on top of the 3 rps arriving.
     d, _ = decide(snap(0.0, active=2, running=8, waiting=30, rate=3.0), NO_DELAY, PolicyState())
-    assert d.target_active == math.ceil((3.0 + (52 + (3.0 - 2.0) * 180.0) / 120.0) / 1.0) == 5
+    assert d.target_active == math.ceil((3.0 + (52 + (3.0 - 2.0) * 180.0) / 180.0) / 1.0) == 5
 
 
 def test_queue_that_drains_before_any_new_replica_could_arrive_orders_none():
@@ -63,10 +63,10 @@ def test_queue_counts_replicas_already_starting_toward_its_need():
     d, _ = decide(snap(0.0, active=2, starting=3, running=8, waiting=30, rate=3.0), NO_DELAY,
                   PolicyState())
     assert d.target_active == 5
-    # At 5 rps it needs ceil((5 + (52 + 3 x 180) / 120) / 1) = 10: starting ones no longer mute it.
+    # At 5 rps it needs ceil((5 + (52 + 3 x 180) / 180) / 1) = 9: starting ones no longer mute it.
     d, _ = decide(snap(0.0, active=2, starting=3, running=8, waiting=30, rate=5.0), NO_DELAY,
                   PolicyState())
-    assert d.target_active == math.ceil(5.0 + (52 + 3.0 * 180.0) / 120.0) == 10
+    assert d.target_active == math.ceil(5.0 + (52 + 3.0 * 180.0) / 180.0) == 9
 
 
 def test_ttft_echo_of_a_drained_queue_is_not_scaled_on():

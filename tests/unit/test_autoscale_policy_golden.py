@@ -1,6 +1,8 @@
-"""`decide` makes, decision for decision, the choices the monolithic version made before it was
-split into stages: targets, pool, reason text and PolicyState, over 300 seeded runs
-(tests/unit/data/policy_golden.py builds them; policy_golden.json holds what the old code did)."""
+"""`decide` makes, decision for decision, the choices frozen in policy_golden.json: targets,
+pool, reason text and PolicyState, over 300 seeded runs (tests/unit/data/policy_golden.py builds
+them). Frozen from the monolithic version before it was split into stages; regenerated only on
+purpose since (issue 10: scale-down demotes into the hot pool; issue 14: the pool's hysteresis,
+starts kept until they serve, a 180 s backlog drain)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
-from hbmserve.autoscale.stages import (Needs, Signals, Wish, apply_hysteresis, explain, needs_of,
-                                      pool_for, read_signals, wish)
+from hbmserve.autoscale.stages import (Needs, Signals, Wish, apply_hysteresis, explain, hold_pool,
+                                      needs_of, pool_for, read_signals, wish)
+from hbmserve.autoscale.warm_pool import PoolHold, PoolSizing
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot, Tier
 
 CFG = AutoscaleConfig()  # TTFT 2 s, queue 4/replica, 1 rps/replica at 0.8 (down 0.7), cold 180 s
@@ -248,6 +249,25 @@ def test_no_scale_down_within_the_cool_down_of_a_scale_up():
     assert apply_hysteresis(down, at(80.0, 6), state, cfg).target == 2
 
 
+def test_no_scale_down_cancels_the_starts_of_the_last_scale_up():
+    # 2 -> 4 at t=0 with two cold starts (180 s): the cool-down (60 s) has long passed at 100 s
+    # and the fleet is slack, but the two starts are not cancelled; at 180 s they serve.
+    cfg = replace(CFG, upscale_delay_s=0.0, downscale_delay_s=0.0, downscale_cooldown_s=60.0)
+    up = apply_hysteresis(Wish(up=4, down=2, slack=False, symptom=True), at(0.0, 2),
+                          PolicyState(target_active=2), cfg)
+    assert up.target == 4 and up.state.starts_ready_at == 180.0
+    down = Wish(up=1, down=2, slack=True, symptom=False)
+    held = apply_hysteresis(down, at(100.0, 4), up.state, cfg)
+    assert held.target == 4 and "(cool-down after scale-up)" in held.action
+    assert apply_hysteresis(down, at(180.0, 4), held.state, cfg).target == 2
+    # Promoting hot standbys (5 s) holds a scale-down for the cool-down only.
+    up = apply_hysteresis(Wish(up=4, down=2, slack=False, symptom=True),
+                          at(0.0, 2, load=replace(at(0.0, 2).load, standby=2)),
+                          PolicyState(target_active=2), cfg)
+    assert up.state.starts_ready_at == 5.0
+    assert apply_hysteresis(down, at(60.0, 4), up.state, cfg).target == 2
+
+
 def test_scale_to_zero_has_its_own_delay():
     cfg = replace(CFG, min_replicas=0, downscale_delay_s=100.0, scale_to_zero_delay_s=10.0)
     zero = Wish(up=0, down=0, slack=True, symptom=False)
@@ -291,6 +311,35 @@ def test_pool_for_honours_the_bounds_and_the_room_under_max_replicas():
     assert pool_for(s, cfg, 4).hot == 0  # no room left for a standby that could be promoted
 
 
+def test_hold_pool_orders_after_the_forecast_delay_and_cancels_after_the_scale_down_delay():
+    cfg = replace(CFG, max_replicas=10, rate_upscale_delay_s=30.0, downscale_delay_s=60.0,
+                  hot_standby_max=4)
+    state = PolicyState(pool_hot=PoolHold(0), pool_warm=PoolHold(1))
+
+    def step(now, hot, warm, state, active=2, current=2):
+        s = replace(at(now, current), current=current)
+        return hold_pool(PoolSizing(hot, warm, "sized"), s, state, cfg, active)
+
+    pool, state = step(0.0, 1, 0, state)  # wants one more hot, one fewer warm: both wait
+    assert (pool.hot, pool.warm) == (0, 1) and "held at hot 0, warm 1" in pool.reason
+    pool, state = step(29.0, 2, 0, state)
+    assert (pool.hot, pool.warm) == (0, 1)
+    pool, state = step(30.0, 2, 0, state)  # 30 s up: the lowest count wished meanwhile
+    assert (pool.hot, pool.warm) == (1, 1)
+    # 60 s down: warm goes. The second hot waits its own 30 s, counted from 60 s, where the
+    # wish was first seen above the count the first rise left.
+    pool, state = step(60.0, 2, 0, state)
+    assert (pool.hot, pool.warm) == (1, 0)
+    pool, state = step(90.0, 2, 0, state)
+    assert (pool.hot, pool.warm) == (2, 0) and pool.reason == "sized"
+    # A scale-down 3 -> 1 releases two replicas: they may join the hot pool at once.
+    pool, state = step(91.0, 4, 0, state, active=1, current=3)
+    assert pool.hot == 4
+    # Bounds and room apply at once: 9 actives leave room for one standby.
+    pool, state = step(92.0, 4, 0, state, active=9, current=9)
+    assert (pool.hot, pool.warm) == (1, 0)
+
+
 def test_explain_leads_with_the_action_and_names_each_need_and_the_refill():
     cfg = replace(CFG, hot_standby_min=1)
     s = signals(cfg, active=2, waiting=10, running=2, rate=3.0)
@@ -309,8 +358,9 @@ def test_decide_is_the_stages_in_order():
     s = read_signals(sn, CFG, PolicyState())
     n = needs_of(s, CFG)
     out = apply_hysteresis(wish(n, s, CFG), s, PolicyState(), CFG)
-    pool = pool_for(s, CFG, out.target)
-    assert d.target_active == out.target and state == out.state
+    pool, held = hold_pool(pool_for(s, CFG, out.target), s, out.state, CFG, out.target)
+    assert d.target_active == out.target and state == held
+    assert replace(held, pool_hot=None, pool_warm=None) == out.state
     assert d.target_standby == {Tier.HOT: pool.hot, Tier.WARM: pool.warm, Tier.COLD: 0}
     assert d.reason == explain(out, s, n, pool, CFG)
     assert math.isclose(state.trend.level, 3.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 import random
 
 import pytest
@@ -65,9 +66,17 @@ def test_pool_insures_the_remembered_step_at_the_cost_rule():
     saving = 0.01 * 10.0 * (180.0 - 5.0)  # a step's standby is measured against a cold start
     idle = 10.0 * 45.0 / 3600.0
     assert p_step * saving > idle
-    # Kept while the step's 25 rps is above 8 covered + k standbys at their full 10 rps: k=0, 1.
-    expected = sum(1 for k in range(4) if 25.0 > 8.0 + k * 10.0)
+    # Kept while the step's 25 rps is above what the active replica and k standbys carry at
+    # their full 10 rps while they bridge it: k=0, 1.
+    expected = sum(1 for k in range(4) if 25.0 > 10.0 + k * 10.0)
     assert pool.hot == expected == 2
+    # A warm node is kept for a step only while the step exceeds what the active replica and
+    # the hot standbys carry at full capacity (10 + 2 x 10 = 30 rps): not for 25 rps, one for 35.
+    for level, warm in ((25.0, 0), (35.0, 1)):
+        both = size_pool(target_active=1, trend=replace(trend, surge_level=level),
+                         replica_rps=8.0, replica_max_rps=10.0, startup_s=STARTUP, economics=econ,
+                         hot_bounds=(0, 2), warm_bounds=(0, 4), max_replicas=16)
+        assert (both.hot, both.warm) == (2, warm), level
     never = size_pool(target_active=1, trend=RateTrend(5.0, 5.0, 0.0, 0.0, 0.0),
                       replica_rps=8.0, replica_max_rps=10.0, startup_s=STARTUP, economics=econ,
                       hot_bounds=(0, 4), warm_bounds=(0, 0), max_replicas=16)

@@ -5,10 +5,13 @@ from __future__ import annotations
 from statistics import NormalDist
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hbmserve.autoscale.signals import RateTrend
 from hbmserve.core.scaling import Tier
-from hbmserve.autoscale.warm_pool import PoolEconomics, prob_rate_exceeds, size_pool
+from hbmserve.autoscale.warm_pool import (PoolEconomics, PoolHold, hold_tier, prob_rate_exceeds,
+                                         size_pool)
 
 STARTUP = {Tier.HOT: 5.0, Tier.WARM: 45.0, Tier.COLD: 180.0}
 
@@ -69,3 +72,43 @@ def test_bounds_and_room_under_max_replicas():
                      replica_max_rps=1.0, startup_s=STARTUP, economics=dear,
                      hot_bounds=(1, 3), warm_bounds=(2, 5))
     assert (kept.hot, kept.warm) == (1, 2)
+
+
+# ---- hold_tier: the pool's hysteresis ----
+
+def test_a_wish_held_for_the_delay_applies_its_extreme_a_flip_restarts_the_clock():
+    h = hold_tier(None, 1, 0.0, 30.0, 60.0)
+    assert h == PoolHold(1)  # the first wish stands
+    h = hold_tier(h, 3, 10.0, 30.0, 60.0)
+    h = hold_tier(h, 2, 20.0, 30.0, 60.0)
+    assert h.held == 1 and h.since == 10.0 and h.pending == 2
+    h = hold_tier(h, 4, 40.0, 30.0, 60.0)  # 30 s above: up to the lowest wished meanwhile
+    assert h == PoolHold(2)
+    h = hold_tier(h, 0, 50.0, 30.0, 60.0)
+    h = hold_tier(h, 5, 60.0, 30.0, 60.0)  # flipped up: the down clock is gone
+    assert h.held == 2 and h.since == 60.0
+    h = hold_tier(h, 2, 61.0, 30.0, 60.0)  # back at what is held: nothing pending
+    assert h == PoolHold(2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 40.0), st.integers(0, 4)), min_size=1, max_size=40))
+def test_the_count_moves_exactly_when_a_wish_has_held_its_side_for_the_delay(steps):
+    up_s, down_s = 30.0, 60.0
+    now, h, run = 0.0, None, []  # run: (time, wish) since the wish left what is held
+    for dt, wish in steps:
+        now += dt
+        before = h.held if h is not None else wish
+        h = hold_tier(h, wish, now, up_s, down_s)
+        side = (wish > before) - (wish < before)
+        if side == 0 or (run and ((run[0][1] > before) - (run[0][1] < before)) != side):
+            run = []
+        if side:
+            run.append((now, wish))
+        lasted = bool(run) and now - run[0][0] >= (up_s if side > 0 else down_s)
+        if lasted:  # moves to the least extreme wish of the run
+            extreme = min(w for _, w in run) if side > 0 else max(w for _, w in run)
+            assert h == PoolHold(extreme), (run, h)
+            run = []
+        else:
+            assert h.held == before, (run, h)

@@ -175,10 +175,39 @@ def test_a_scale_down_demotes_into_the_hot_pool_instead_of_building_a_new_standb
     assert active[(t > 66) & (t < 100)].min() == 3  # promoted back after the 5 s hot delay
 
 
+def test_starts_removed_before_serving_are_counted_as_cancelled():
+    # 1 -> 3 at 10 s (two cold starts, 600 s), back to 1 at 30 s: both cancelled unserved.
+    # A hot standby ordered at 0 (prepared for 600 - 5 s) and dropped from the pool at 40 s
+    # never served either. The replica serving from t=0 is not a start.
+    def policy(snapshot, state):
+        target = 3 if 10.0 <= snapshot.now < 30.0 else 1
+        pool = {Tier.HOT: 1 if snapshot.now < 40.0 else 0}
+        return ScaleDecision(target, pool, "blip"), state
+
+    res = simulate(cluster(1), LOAD, PolicyBinding(policy, None, 10.0, 30.0, STARTUP))
+    assert res.cancelled_starts == 3
+    # Without the blip and the pool: nothing started, nothing cancelled.
+    res = simulate(cluster(1), LOAD, PolicyBinding(lambda s, st: (ScaleDecision(1), st), None,
+                                                   10.0, 30.0, STARTUP))
+    assert res.cancelled_starts == 0
+
+
+def test_a_start_that_served_is_not_cancelled_when_it_is_removed():
+    # A cold start ordered at 0 serves from 20 s and is removed at 60 s: it served.
+    fast = {Tier.HOT: 5.0, Tier.WARM: 10.0, Tier.COLD: 20.0}
+    pol = functools.partial(scripted, steps=[(0.0, 2), (60.0, 1)])
+    res = simulate(cluster(1), LOAD, PolicyBinding(pol, None, 10.0, 30.0, fast))
+    assert res.cancelled_starts == 0 and res.summary.peak_replicas == 2
+    # Removed at 10 s instead, before its start-up ended: cancelled.
+    pol = functools.partial(scripted, steps=[(0.0, 2), (10.0, 1)])
+    res = simulate(cluster(1), LOAD, PolicyBinding(pol, None, 10.0, 30.0, fast))
+    assert res.cancelled_starts == 1
+
+
 def test_a_busy_replica_demoted_then_promoted_back_serves_and_finishes_its_work():
-    # Found by a helper: two actives under load; at 30 s one is demoted into the hot pool with
-    # requests in flight (its step still running), at 31 s promoted back (5 s). Its step must
-    # complete and its start-up must end: every request finishes, 2 actives serve again.
+    # Two actives under load; at 30 s one is demoted into the hot pool with requests in
+    # flight (its step still running), at 31 s promoted back (5 s). Its step must complete and
+    # its start-up must end: every request finishes, and 2 actives serve again from ~36 s.
     def policy(snapshot, state):
         target = 1 if 30.0 <= snapshot.now < 31.0 else 2
         return ScaleDecision(target, {Tier.HOT: 1 if snapshot.now >= 30.0 else 0}, "blip"), state

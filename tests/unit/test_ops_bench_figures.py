@@ -56,6 +56,9 @@ def test_all_failed_is_zero_throughput_and_empty_latencies():
     f = figures_of([failed(0, 0.0, "connection"), failed(1, 1.0, "connection")], SLOSpec(1, 1))
     assert (f.ok, f.request_rps, f.slo_attainment, f.ttft.p50) == (0, 0.0, 0.0, None)
     assert f.to_json_dict()["errors_by_kind"] == {"connection": 2}
+    # Found by hypothesis: a lone failure sent at a subnormal time made the span tiny, 0 x inf NaN.
+    f = figures_of([failed(0, 5e-324, "429")], SLOSpec(1, 1))
+    assert (f.request_rps, f.goodput_rps, f.output_tok_s) == (0.0, 0.0, 0.0)
 
 
 record = st.builds(
