@@ -97,6 +97,7 @@ def _registry_policy(name: str, m: Any, sc: Any, arr: Any) -> tuple[Any, Any, di
     from hbmserve.autoscale.config import autoscale_config_for
     from hbmserve.autoscale.registry import POLICIES
     from hbmserve.capacity.scenario import tpot_floor_s
+    from hbmserve.capacity.startup_measured import startup_estimate
     from hbmserve.sim.evaluate import estimate_capacity_rps
 
     entry = POLICIES.get(name)
@@ -105,7 +106,8 @@ def _registry_policy(name: str, m: Any, sc: Any, arr: Any) -> tuple[Any, Any, di
     if m.autoscaling is None:
         raise _fail(f"models.{m.name}.autoscaling: missing; --policy {name} needs min_replicas and "
                     f"max_replicas")
-    config = autoscale_config_for(m, estimate_capacity_rps(sc, arr, m.name), tpot_floor_s(sc))
+    config = autoscale_config_for(m, estimate_capacity_rps(sc, arr, m.name), tpot_floor_s(sc),
+                                  startup_estimate(m, sc.deployment.gpu))
     cfg = entry.make_config(config, arr.rate_peak())
     return (lambda snapshot, state: entry.decide(snapshot, cfg, state)), entry.initial_state(), \
         config.startup_s

@@ -55,6 +55,14 @@ class StandbyBounds(_Strict):
         return self
 
 
+class HotStandbySpec(StandbyBounds):
+    # Keep the standbys in vLLM's sleep mode (level 1: weights offloaded to host memory, KV
+    # freed): HBM is free for other work, but promotion first wakes the engine (the HOT tier's
+    # start-up becomes the wake time, capacity/startup_timeline.py). The GPU stays held, so it
+    # bills as a loaded standby does. vLLM-CPU has no sleep mode: refused there.
+    sleep: bool = False
+
+
 class AutoscalingSpec(_Strict):
     min_replicas: Annotated[int, Field(ge=0)] = 1
     max_replicas: Annotated[int, Field(ge=1)] = 1
@@ -67,6 +75,8 @@ class AutoscalingSpec(_Strict):
     # prompt and output lengths the replicas see. Off: the figure above is used as stated (for a
     # measured figure where the capacity model is known to be off for this engine).
     reestimate_capacity: bool = True
+    # Left out: the drivers take each tier from the start-up model fed by what was measured
+    # (capacity/startup_measured.py); these defaults stand only where it has nothing.
     startup_s: TierStartup = TierStartup()
     upscale_delay_s: Annotated[float, Field(ge=0)] = 5.0
     downscale_delay_s: Annotated[float, Field(ge=0)] = 60.0
@@ -74,7 +84,7 @@ class AutoscalingSpec(_Strict):
     downscale_cooldown_s: Annotated[float, Field(ge=0)] = 60.0
     # Loaded replicas kept out of rotation, promoted in one port bind when load rises; the
     # policy sizes the pool between these bounds (autoscale/warm_pool.py), inside max_replicas.
-    hot_standby: StandbyBounds = StandbyBounds()
+    hot_standby: HotStandbySpec = HotStandbySpec()
     # Nodes kept up with the weights on local NVMe but no engine (the warm tier). The policy
     # sizes this pool and the simulator models it; live, nodes come from the cluster's node
     # autoscaler, which hbmserve does not drive yet, so a live warm pool stays empty.
@@ -139,6 +149,14 @@ class ModelSpec(_Strict):
     def _cpu_has_no_model_parallelism(self) -> ModelSpec:
         if self.engine is EngineKind.VLLM_CPU and self.parallelism.pp > 1:
             raise ValueError("parallelism.pp > 1 needs engine vllm-gpu (vLLM's CPU platform has no Ray executor)")
+        return self
+
+    @model_validator(mode="after")
+    def _sleep_needs_sleep_mode(self) -> ModelSpec:
+        if self.engine is EngineKind.VLLM_CPU and self.autoscaling is not None \
+                and self.autoscaling.hot_standby.sleep:
+            raise ValueError("autoscaling.hot_standby.sleep needs engine vllm-gpu (or sim): vLLM-CPU has "
+                             "no sleep mode; remove it and the standbys stay loaded")
         return self
 
     @model_validator(mode="after")

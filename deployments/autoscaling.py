@@ -279,6 +279,20 @@ class HbmServeAutoscalingPolicy:
         return target, policy_state
 
 
+def live_startup(model: ModelSpec) -> dict[Tier, float] | None:
+    """The start-up model's seconds per tier for `model` (capacity/startup_measured.py), for a
+    config that states none; None when the capacity model does not know its GPU or shape: the
+    schema's defaults then stand."""
+    from hbmserve.capacity.hardware import load_catalog
+    from hbmserve.capacity.scenario import scenario_for
+    from hbmserve.capacity.startup_measured import startup_estimate
+
+    try:
+        return startup_estimate(model, scenario_for(model, load_catalog()).deployment.gpu)
+    except (ValueError, OSError):  # as live_capacity: the model unknown to the catalog
+        return None
+
+
 def live_capacity(model: ModelSpec) -> tuple[CapacityTable | None, float | None]:
     """The capacity model's replica capacity by request length and TPOT floor for `model`, built
     where the config is (its files are here, not in Serve's controller); (None, None) when the

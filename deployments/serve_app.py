@@ -177,6 +177,10 @@ def unsupported_engines(spec: ClusterSpec) -> list[str]:
     problems = [f"models.{i}.engine: '{m.engine.value}' is not available in this build (have: "
                 f"{', '.join(k.value for k in ENGINE_SERVERS)})"
                 for i, m in enumerate(spec.models) if m.engine not in ENGINE_SERVERS]
+    problems += [f"models.{i}.autoscaling.hot_standby.sleep: the simulator and the policy cost a sleeping "
+                 "standby, but no live replica is put to sleep yet (vLLM sleep mode is not driven); "
+                 "deploy without it and the standbys stay loaded"
+                 for i, m in enumerate(spec.models) if m.autoscaling and m.autoscaling.hot_standby.sleep]
     return problems + _sim_scenario_problems(spec)
 
 
@@ -218,12 +222,12 @@ def actor_options(model: ModelSpec) -> dict:
 def scaling_options(model: ModelSpec) -> dict:
     """Fixed `replicas`, or Serve autoscaling driven by hbmserve's policy (autoscale/)."""
     from hbmserve.autoscale.config import autoscale_config_for
-    from hbmserve.deployments.autoscaling import live_capacity, serve_autoscaling_config
+    from hbmserve.deployments.autoscaling import live_capacity, live_startup, serve_autoscaling_config
 
     if model.autoscaling is None:
         return {"num_replicas": model.replicas}
     table, floor = live_capacity(model)
-    config = autoscale_config_for(model, tpot_floor_s=floor)
+    config = autoscale_config_for(model, tpot_floor_s=floor, estimated_startup_s=live_startup(model))
     assert config is not None
     reestimate = model.autoscaling.reestimate_capacity
     return {"autoscaling_config": serve_autoscaling_config(config, table if reestimate else None)}

@@ -47,6 +47,7 @@ from hbmserve.autoscale.policy import AutoscaleConfig
 from hbmserve.autoscale.registry import POLICIES, PolicyEntry
 from hbmserve.capacity.arrivals import Arrivals
 from hbmserve.capacity.scenario import Scenario, tpot_floor_s
+from hbmserve.capacity.startup_measured import startup_estimate
 from hbmserve.core.config import ModelSpec, TierStartup
 from hbmserve.core.scaling import Snapshot, Tier
 from hbmserve.sim.metrics import SimSummary
@@ -174,7 +175,8 @@ def estimate_capacity_rps(sc: Scenario, arr: Arrivals, model_name: str) -> float
 def eval_config(cluster: EvalCluster, arr: Arrivals) -> AutoscaleConfig:
     """What every policy is told: see the module docstring."""
     cap = estimate_capacity_rps(cluster.scenario, arr, cluster.model_name)
-    config = autoscale_config_for(cluster.model, cap, tpot_floor_s(cluster.scenario))
+    config = autoscale_config_for(cluster.model, cap, tpot_floor_s(cluster.scenario),
+                                  startup_estimate(cluster.model, cluster.scenario.deployment.gpu))
     if config is None:
         raise EvalError(f"models.{cluster.model_name}.autoscaling: missing")
     return config
