@@ -233,10 +233,11 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         address = rc.connect(None)
         models = rc.status()
         targets = rc.metrics_targets()
+        doors = rc.door_metrics_targets()
     except rc.ClusterError as e:
         raise _fail(str(e)) from None
     if as_json:
-        print(json.dumps({"cluster": address, "metrics_targets": targets,
+        print(json.dumps({"cluster": address, "metrics_targets": targets, "door_metrics_targets": doors,
                           "models": [m.to_dict() for m in models]}))
         return
     table = Table(title=f"hbmserve on {address}")
@@ -248,8 +249,10 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
                               for r in m.replica_stats) or "-"
         table.add_row(m.name, m.app_status, reps, "\n".join(m.endpoints) or "-", accepted)
     out.print(table if models else "no models deployed")
-    out.print(f"Prometheus scrape targets: {', '.join(targets) or '-'}", highlight=False)
+    out.print(f"Prometheus scrape targets: {', '.join(targets) or '-'}; front doors (/metrics, admin token): "
+              f"{', '.join(doors) or '-'}", highlight=False, soft_wrap=True)
     for m in models:
+        out.print(f"[bold]{m.name}[/] {_figures(m)}", highlight=False, soft_wrap=True)
         if m.autoscale:
             out.print(f"[bold]{m.name}[/] autoscale -> {m.autoscale.serve_target} replicas: {m.autoscale.reason}",
                       highlight=False)
@@ -272,6 +275,25 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
                 if not p.placement_verified:
                     out.print(f"  [yellow]{p.reason}[/] (expected extra all-reduce "
                               f"{p.expected_extra_allreduce_us} us)", highlight=False)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else (f"{value:.2f}s" if value >= 1 else f"{value * 1000:.0f}ms")
+
+
+def _figures(m) -> str:
+    """p95 TTFT/TPOT against the SLO, replicas by role, $/hour: one line."""
+    r = m.roles
+    roles = (f"replicas {r.active} active, {r.standby} standby, {r.starting} starting, {r.draining} draining, "
+             f"{r.warm} warm")
+    cost = "$/hour -" if m.usd_per_hour is None else f"${m.usd_per_hour:.2f}/hour"
+    lat = m.latency
+    if lat is None:
+        return f"p95 TTFT -, TPOT - (no replica reported); {roles}; {cost}"
+    verdict = {True: "ok", False: "[red]over[/]", None: "-"}
+    return (f"p95 TTFT {_seconds(lat.ttft_p95_s)} / SLO {_seconds(lat.slo_ttft_p95_s)} {verdict[lat.ttft_ok]}, "
+            f"TPOT {_seconds(lat.tpot_p95_s)} / SLO {_seconds(lat.slo_tpot_p95_s)} {verdict[lat.tpot_ok]} "
+            f"({lat.requests} requests since the replicas started); {roles}; {cost}")
 
 
 def register(app: typer.Typer) -> None:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hbmserve.core.config import ClusterSpec
+from hbmserve.cluster.status_figures import LatencyVsSlo, latency_vs_slo, status_roles, usd_per_hour
 from hbmserve.core.records import (DecisionRecord, IngressInfo, ModelTraffic, PlacementReport, Record, RecordError,
-                                   ReplicaInfo)
+                                   ReplicaInfo, ReplicaRoles)
 from hbmserve.core.scaling import ReplicaState
 
 NAMESPACE = "hbmserve"
@@ -243,6 +244,10 @@ class ModelStatus(Record):
     autoscale: DecisionRecord | None = None
     # What each front door saw of this model: admitted, refused, queued, replicas it reaches.
     traffic: tuple[ModelTraffic, ...] = ()
+    # p95 TTFT/TPOT since the replicas started against the SLO; None without running replicas.
+    latency: LatencyVsSlo | None = None
+    roles: ReplicaRoles = ReplicaRoles()
+    usd_per_hour: float | None = None  # the running replicas' GPUs; None: no replica reported a price
 
 
 @contextlib.contextmanager
@@ -331,8 +336,11 @@ def _status() -> list[ModelStatus]:
         stats = tuple(ReplicaStats.of(key, i) for key, i in sorted(seen.items()))
         decisions = [d for d in (latest_decision(name, dep) for dep in app.deployments) if d]
         traffic = tuple(t for d in doors for t in d.models if t.model == name)
+        decision = decisions[0] if decisions else None
+        infos = list(seen.values())
         out.append(ModelStatus(name, str(getattr(app.status, "value", app.status)), replicas, endpoints,
-                               app.message, stats, decisions[0] if decisions else None, traffic))
+                               app.message, stats, decision, traffic, latency_vs_slo(infos),
+                               status_roles(replicas, (i.role for i in infos), decision), usd_per_hour(infos)))
     return out
 
 
@@ -343,6 +351,12 @@ def metrics_targets() -> list[str]:
 
     return sorted(f"{n['NodeManagerAddress']}:{n['MetricsExportPort']}" for n in ray.nodes()
                   if n.get("Alive") and n.get("MetricsExportPort"))
+
+
+def door_metrics_targets() -> list[str]:
+    """host:port of each front door alone (its own port): Prometheus scrapes `/metrics` there
+    with the admin token as a bearer token, one target per node (door_metrics.py)."""
+    return sorted(d.own_url.removeprefix("http://") for d in front_doors())
 
 
 def undeploy_all() -> None:

@@ -44,6 +44,7 @@ from hbmserve.core.scaling import ReplicaState, Tier
 R = TypeVar("R", bound="Record")
 
 
+
 class RecordError(ValueError):
     """A record read back is not one this version understands; the message says which and why."""
 
@@ -98,6 +99,17 @@ class Record:
             where = f" from {source}" if source else ""
             raise RecordError(f"malformed {cls.__name__}{where}: not JSON data ({err})") from None
         return cls.from_json(raw, source)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Histogram(Record):
+    """Counts since the engine started. `cumulative[i]` observations were <= `bounds[i]`;
+    `count` is the +Inf bucket (every observation). Only finite bounds are kept: JSON has no inf."""
+
+    bounds: tuple[float, ...]  # ascending, finite
+    cumulative: tuple[float, ...]
+    count: float
+    sum: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,10 +193,29 @@ class ReplicaInfo(Record):
     # Prefix cache since start: prompt tokens looked up, and those found (added with the front door).
     prompt_tokens: int = 0
     prefix_hit_tokens: int = 0
+    # The engine's own latency histograms since start (vLLM's time_to_first_token and
+    # request_time_per_output_token, or the sim engine's copies), and the model's SLO and this
+    # replica's price (its GPUs at the catalog or configured price). Added with the metrics.
+    ttft_histogram: Histogram | None = None
+    tpot_histogram: Histogram | None = None
+    slo_ttft_p95_s: float | None = None
+    slo_tpot_p95_s: float | None = None
+    usd_per_hour: float | None = None
 
     @property
     def placement_verified(self) -> bool | None:
         return None if self.placement is None else self.placement.placement_verified
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaRoles(Record):
+    """How many of a model's replicas are in each role (`hbmserve status`, the role gauge)."""
+
+    starting: int = 0  # being brought up: engine loading, not announced yet
+    active: int = 0  # routed to
+    standby: int = 0  # hot: loaded, out of rotation
+    draining: int = 0  # finishing in-flight requests before removal
+    warm: int = 0  # the warm pool the policy sized (nodes with weights, no engine; live: planned only)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from prometheus_client.metrics_core import Metric
+
 from hbmserve.deployments.replica_middleware import LoadCounters
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
 
@@ -63,6 +65,12 @@ class EngineServer(Protocol):
         """The engine's own load now: requests waiting, requests running and KV cache usage
         (0..1). Cheap and non-blocking (the autoscaling stats call it every push interval);
         all zeros before the engine exists."""
+        ...
+
+    def engine_metrics(self) -> list[Metric]:
+        """The engine's own Prometheus families of engine_metrics.ENGINE_FAMILIES, under vLLM's
+        names and labels (model_name, engine): latency histograms, token and preemption
+        counters, queue and KV gauges. Served at /hbm/metrics; empty before the engine exists."""
         ...
 
     def healthy(self) -> bool:

@@ -4,7 +4,8 @@ A Serve deployment (`hbmserve-frontdoor`) with one replica per node (max_replica
 each serving `serve.http.host:serve.http.port` so that a load balancer or a Kubernetes Service
 can spread clients over nodes. Each front door reaches every model's replicas on any node
 (replica_table.py), authenticates (front_door_access.py), admits (front_door_queue.py), routes
-with the shared `routing.choose` and relays (front_door_app.py, relay.py).
+with the shared `routing.choose` and relays (front_door_app.py, relay.py). Its `/metrics`
+(admin token) is the Prometheus view of its node (door_metrics.py).
 
 Three loops keep its picture fresh: discovery (replica endpoints and the autoscaler's active
 lists, every DISCOVER_S), load polling (every replica_table.POLL_S, which also releases queued
@@ -20,9 +21,12 @@ import time
 
 from hbmserve.core.config import ClusterSpec
 from hbmserve.core.records import DoorEndpoint, IngressInfo, ModelTraffic
+from hbmserve.deployments.door_metrics import door_families, local_replicas, node_metrics
+from hbmserve.deployments.engine_metrics import replica_usd_per_hour
 from hbmserve.deployments.front_door_access import AccessGuard, load_key_ring
 from hbmserve.deployments.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.deployments.front_door_queue import ModelAdmission
+from hbmserve.deployments.gpu_metrics import GpuCollector
 from hbmserve.deployments.hardened_http import HardenedServer, HttpLimits, listen_socket
 from hbmserve.deployments.records_store import (RENEW_S, info_reply, latest_decision, live_doors, live_endpoints,
                                                  publish_demand, publish_door, remove_door)
@@ -53,7 +57,10 @@ class FrontDoor:
                                 internal_token, BodyLimits(http.max_body_bytes, http.body_timeout_s,
                                                            http.first_byte_timeout_s))
         self.app.info_of = lambda: info_reply(self._info())
+        self.app.metrics_of = self._metrics
         self.node_id = ray.get_runtime_context().get_node_id()
+        self.prices = {m.name: replica_usd_per_hour(m) for m in self.spec.models}
+        self.gpus = GpuCollector.open()
         self.holder = f"{self.node_id[:12]}-{id(self):x}"
         self._demand: dict[str, bool] = {}  # model -> demand published nonzero last time
         public, own = listen_socket(http.host, http.port, shared=True), listen_socket(http.host, 0, shared=False)
@@ -105,6 +112,13 @@ class FrontDoor:
                 await asyncio.to_thread(publish_demand, m.name, engine_deployment_name(m), self.holder, *demand)
             self._demand[m.name] = any(demand)
 
+    async def _metrics(self) -> bytes:
+        local = local_replicas(self.table, self.node_id)
+        own = door_families(self.app.refusals, {name: a.queued for name, a in self.admission.items()}, local,
+                            self.prices)
+        return await node_metrics(self.session, self.app.token, local, own,
+                                  self.gpus.collect if self.gpus is not None else None)
+
     def _info(self) -> IngressInfo:
         import psutil
 
@@ -133,6 +147,8 @@ class FrontDoor:
             if self._demand.get(m.name):
                 await asyncio.to_thread(publish_demand, m.name, engine_deployment_name(m), self.holder, 0, 0.0)
         await self.session.close()
+        if self.gpus is not None:
+            self.gpus.close()
 
 
 def build_front_door_app(spec: ClusterSpec, internal_token: str, nodes: int):

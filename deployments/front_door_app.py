@@ -21,9 +21,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST
+
 from hbmserve.core.config import ClusterSpec
 from hbmserve.core.routing import RouteRequest
 from hbmserve.deployments.front_door_access import AccessGuard, Credential, Refusal
+from hbmserve.deployments.door_metrics import Refusals
 from hbmserve.deployments.front_door_openapi import openapi_document
 from hbmserve.deployments.front_door_queue import ModelAdmission, ask_for
 from hbmserve.deployments.relay import FirstByteTimeout, NotStarted, relay, upstream_headers
@@ -96,10 +99,6 @@ async def _send_error(send, status: int, message: str, err_type: str, code: str,
         await send(msg)
 
 
-async def _send_refusal(send, r: Refusal) -> None:
-    await _send_error(send, r.status, r.message, r.err_type, r.code, r.retry_after_s)
-
-
 async def _while_connected(receive, work) -> None:
     """Run `work` (the relay) unless the client goes away first: then cancel it, which closes the
     upstream connection, and the engine aborts the request instead of generating for nobody."""
@@ -129,6 +128,8 @@ class FrontDoorApp:
         self.token = token
         self.limits = limits
         self.info_of = None  # () -> IngressInfo as plain data; set by the front door
+        self.metrics_of = None  # async () -> the /metrics reply (door_metrics.py); set by the front door
+        self.refusals = Refusals()
         self.openapi = openapi_document(spec)
         self.retried: dict[str, int] = {}  # model -> requests retried on another replica
         self.route = ROUTERS[spec.serve.router]
@@ -144,23 +145,37 @@ class FrontDoorApp:
             return
         credential = self.guard.check(path, scope["headers"])
         if isinstance(credential, Refusal):
-            await _send_refusal(send, credential)
+            await self._refuse(send, credential)
             return
         if path == "/v1/models" or path.startswith("/v1/models/"):
             await self._models(path, send)
         elif path in MODEL_PATHS:
             if scope["method"] != "POST":
-                await _send_error(send, 405, f"{path} takes POST", "invalid_request_error", "method_not_allowed")
+                await self._error(send, 405, f"{path} takes POST", "invalid_request_error", "method_not_allowed")
                 return
             await self._model_request(scope, receive, send, credential)
         elif path == "/hbm/info" and self.info_of is not None:
             for msg in json_response(200, self.info_of()):
                 await send(msg)
+        elif path == "/metrics" and self.metrics_of is not None:
+            body = await self.metrics_of()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
         elif path == "/openapi.json":
             for msg in json_response(200, self.openapi):
                 await send(msg)
         else:
-            await _send_error(send, 404, f"no such path: {path}", "invalid_request_error", "not_found")
+            await self._error(send, 404, f"no such path: {path}", "invalid_request_error", "not_found")
+
+    async def _error(self, send, status: int, message: str, err_type: str, code: str, retry_after: int | None = None,
+                     model: str | None = None, tenant: str | None = None) -> None:
+        self.refusals.note(model, code, tenant)
+        await _send_error(send, status, message, err_type, code, retry_after)
+
+    async def _refuse(self, send, r: Refusal, model: str | None = None, tenant: str | None = None) -> None:
+        await self._error(send, r.status, r.message, r.err_type, r.code, r.retry_after_s, model, tenant)
 
     async def _models(self, path: str, send) -> None:
         def card(m):
@@ -174,7 +189,7 @@ class FrontDoorApp:
         name = path.removeprefix("/v1/models/")
         model = self.spec.model(name)
         if model is None:
-            await _send_error(send, 404, f"The model `{name}` does not exist.", "invalid_request_error",
+            await self._error(send, 404, f"The model `{name}` does not exist.", "invalid_request_error",
                               "model_not_found")
             return
         for msg in json_response(200, card(model)):
@@ -182,54 +197,56 @@ class FrontDoorApp:
 
     async def _model_request(self, scope, receive, send, credential: Credential) -> None:
         path = scope["path"]
+        tenant = credential.tenant.name if credential.tenant is not None else None
         try:
             raw = await read_body(scope, receive, self.limits)
         except BodyError as err:
             if err.status != 499:
-                await _send_error(send, err.status, str(err), "invalid_request_error", err.code)
+                await self._error(send, err.status, str(err), "invalid_request_error", err.code, tenant=tenant)
             return
         try:
             body = json.loads(raw)
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            await _send_error(send, 400, "the request body must be a JSON object", "invalid_request_error",
-                              "invalid_json")
+            await self._error(send, 400, "the request body must be a JSON object", "invalid_request_error",
+                              "invalid_json", tenant=tenant)
             return
         name = body.get("model")
         if not isinstance(name, str) or not name:
-            await _send_error(send, 400, "you must provide a model parameter", "invalid_request_error",
-                              "missing_model")
+            await self._error(send, 400, "you must provide a model parameter", "invalid_request_error",
+                              "missing_model", tenant=tenant)
             return
         model = self.spec.model(name)
-        if model is None:
-            await _send_error(send, 404, f"The model `{name}` does not exist.", "invalid_request_error",
-                              "model_not_found")
+        if model is None:  # counted without the name: a label per made-up name would have no bound
+            await self._error(send, 404, f"The model `{name}` does not exist.", "invalid_request_error",
+                              "model_not_found", tenant=tenant)
             return
         text = prompt_text(path, body)
         ask = ask_for(credential, model, body, len(text), asyncio.get_running_loop().time())
         refused = self.guard.charge(credential, ask.prompt_tokens, ask.max_tokens, ask.sequences)
         if refused is not None:
-            await _send_refusal(send, refused)
+            await self._refuse(send, refused, model.name, tenant)
             return
         if path not in GENERATION_PATHS:
             await _while_connected(receive, self._route_and_relay(scope, send, model.name, raw,
-                                                                  RouteRequest(ask.prompt_tokens, 0)))
+                                                                  RouteRequest(ask.prompt_tokens, 0), tenant))
             return
         gate = self.admission[model.name]
         ticket = await gate.enter(ask)
         if isinstance(ticket, Refusal):
-            await _send_refusal(send, ticket)
+            await self._refuse(send, ticket, model.name, tenant)
             return
         try:
             self._requests += 1  # the salt of choose's power-of-two draw: spreads ties, reproducibly
             route = RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=prompt_block_hashes(text),
                                  salt=self._requests)
-            await _while_connected(receive, self._route_and_relay(scope, send, model.name, raw, route))
+            await _while_connected(receive, self._route_and_relay(scope, send, model.name, raw, route, tenant))
         finally:
             gate.leave(ticket)
 
-    async def _route_and_relay(self, scope, send, model: str, raw: bytes, route: RouteRequest) -> None:
+    async def _route_and_relay(self, scope, send, model: str, raw: bytes, route: RouteRequest,
+                               tenant: str | None) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         query = scope.get("query_string", b"").decode("latin-1")
@@ -257,9 +274,11 @@ class FrontDoorApp:
                 if len(tried) < ATTEMPTS:
                     self.retried[model] = self.retried.get(model, 0) + 1
             except FirstByteTimeout:
-                await _send_error(send, 504, f"replica {replica.endpoint.replica} of {model} sent nothing within "
-                                  f"{self.limits.first_byte_timeout_s:g}s", "server_error", "upstream_timeout")
+                await self._error(send, 504, f"replica {replica.endpoint.replica} of {model} sent nothing within "
+                                  f"{self.limits.first_byte_timeout_s:g}s", "server_error", "upstream_timeout",
+                                  model=model, tenant=tenant)
                 return
         status = 503 if not tried else 502
-        await _send_error(send, status, f"{model}: {failure}", "server_error",
-                          "no_replica" if status == 503 else "replica_failed", retry_after=1)
+        await self._error(send, status, f"{model}: {failure}", "server_error",
+                          "no_replica" if status == 503 else "replica_failed", retry_after=1, model=model,
+                          tenant=tenant)

@@ -30,7 +30,8 @@ import time
 from typing import Any
 
 from hbmserve.core.records import (DecisionRecord, DoorEndpoint, IngressDemand, IngressInfo, RecordError, ReplicaEndpoint,
-                                   ReplicaInfo)
+                                   ReplicaInfo, ReplicaRoles)
+from hbmserve.core.scaling import Tier
 
 KV_NAMESPACE = "hbmserve"
 
@@ -63,8 +64,32 @@ _GAUGES = {
 }
 
 
+# The head word of a decision's reason (autoscale/stages.py `Outcome.action`).
+ACTIONS = ("up", "down", "hold")
+
+
+def decision_roles(decision: DecisionRecord) -> ReplicaRoles:
+    """Replicas by role as one decision sees them: the running ones are its active and standby
+    lists; below its Serve target the rest are starting, above it the surplus (out of rotation,
+    to be stopped by Serve) is draining; warm is the warm pool the policy sized."""
+    running = len(decision.active_replicas) + len(decision.standby_replicas)
+    draining = max(0, running - decision.serve_target)
+    return ReplicaRoles(starting=max(0, decision.serve_target - running), active=len(decision.active_replicas),
+                        standby=max(0, len(decision.standby_replicas) - draining), draining=draining,
+                        warm=decision.target_standby.get(Tier.WARM, 0))
+
+
+def decision_action(decision: DecisionRecord) -> str:
+    head = decision.reason.split(" ", 1)[0].rstrip(":")
+    return head if head in ACTIONS else "other"
+
+
 class DecisionLog:
-    """Publishes one policy's decisions; owns its gauges (one instance per policy object)."""
+    """Publishes one policy's decisions; owns its gauges (one instance per policy object).
+
+    Besides the gauges above: `hbmserve_replicas{role}` (decision_roles) and
+    `hbmserve_autoscale_last_action{action}`, 1 for the last decision's action and 0 for the
+    others (a label per full reason would grow without bound; the reason is in `hbmserve status`)."""
 
     def __init__(self) -> None:
         self._gauges: dict[str, Any] = {}
@@ -88,6 +113,19 @@ class DecisionLog:
             if name not in self._gauges:
                 self._gauges[name] = Gauge(name, description, tag_keys=("application", "deployment"))
             self._gauges[name].set(values[name], tags=tags)
+        self._labelled("hbmserve_replicas", "Replicas of the deployment by role", "role",
+                       decision_roles(decision).to_dict(), tags)
+        action = decision_action(decision)
+        self._labelled("hbmserve_autoscale_last_action", "1 for the action of the policy's last decision",
+                       "action", {a: float(a == action) for a in (*ACTIONS, "other")}, tags)
+
+    def _labelled(self, name: str, description: str, key: str, values: dict[str, float], tags: dict[str, str]):
+        from ray.util.metrics import Gauge
+
+        if name not in self._gauges:
+            self._gauges[name] = Gauge(name, description, tag_keys=("application", "deployment", key))
+        for label, value in values.items():
+            self._gauges[name].set(value, tags={**tags, key: label})
 
 
 def latest_decision(app: str | None, deployment: str) -> DecisionRecord | None:

@@ -1,5 +1,6 @@
 """ASGI middleware in front of a replica's OpenAI app: the internal token, a per-replica
-admission cap, load counters, and the load report the front door polls.
+admission cap, load counters, and the load report (/hbm/load) and engine metrics (/hbm/metrics,
+engine_metrics.py) the front door reads.
 
 Only the front door (front_door.py) talks to a replica. It authenticates clients, admits and
 routes; it proves itself to the replica with the deployment's internal token, so a replica port
@@ -20,9 +21,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+
 from hbmserve.core.records import LoadReport
 from hbmserve.core.routing import CHARS_PER_TOKEN
 from hbmserve.routing.admission import AdmissionBudget, Reject, AdmissionLoad, admit
+from hbmserve.deployments.engine_metrics import METRICS_PATH, exposition
 from hbmserve.deployments.replica_http import EngineLoad
 
 Scope = dict[str, Any]
@@ -126,12 +131,13 @@ def openai_error(status: int, message: str, err_type: str, code: str, headers: l
 
 class ReplicaMiddleware:
     def __init__(self, app: ASGIApp, budget: AdmissionBudget, internal_token: str, counters: LoadCounters,
-                 engine_stats: Callable[[], EngineLoad]):
+                 engine_stats: Callable[[], EngineLoad], engine_metrics: Callable[[], list[Metric]] = list):
         self.app = app
         self.budget = budget
         self.token = internal_token.encode()
         self.counters = counters
         self.engine_stats = engine_stats
+        self.engine_metrics = engine_metrics
 
     def _load_report(self) -> LoadReport:
         load, c = self.engine_stats(), self.counters
@@ -152,6 +158,13 @@ class ReplicaMiddleware:
         if scope["path"] == LOAD_PATH:
             for msg in json_response(200, self._load_report().to_dict()):
                 await send(msg)
+            return
+        if scope["path"] == METRICS_PATH:
+            body = exposition(self.engine_metrics())
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
             return
         if scope["path"] not in _ADMITTED_PATHS:
             await self.app(scope, receive, send)

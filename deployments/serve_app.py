@@ -23,6 +23,7 @@ from hbmserve.core.records import ReplicaEndpoint, ReplicaInfo
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import vllm_launch
+from hbmserve.deployments.engine_metrics import TPOT, TTFT, histogram_of, replica_usd_per_hour
 from hbmserve.deployments.engine_server import EngineServer
 from hbmserve.deployments.replica_weights import local_weights
 from hbmserve.deployments.records_store import (RENEW_S, info_reply, latest_decision, publish_endpoint,
@@ -93,6 +94,7 @@ class EngineReplica:
         # A fill from the source on a miss is the cold tier's and is left out.
         fill_s = self.weights.seconds if self.weights and not self.weights.resolved.hit else 0.0
         self.load_s = time.monotonic() - started - fill_s
+        self.usd_per_hour = replica_usd_per_hour(self.model)
         ctx = serve.get_replica_context()
         self.endpoint = ReplicaEndpoint(app=ctx.app_name, deployment=ctx.deployment,
                                         replica=ctx.replica_id.unique_id, model=self.model.name, url=self.url,
@@ -133,6 +135,7 @@ class EngineReplica:
     def _replica_info(self, role: ReplicaState) -> ReplicaInfo:
         c = self.server.counters
         load = self.server.engine_stats()
+        families = self.server.engine_metrics()
         return ReplicaInfo(
             model=self.model.name,
             engine=self.model.engine.value,
@@ -153,6 +156,11 @@ class EngineReplica:
             weights_cached=self.weights.resolved.hit if self.weights else None,
             prompt_tokens=load.prompt_tokens,
             prefix_hit_tokens=load.prefix_hit_tokens,
+            ttft_histogram=histogram_of(families, TTFT),
+            tpot_histogram=histogram_of(families, TPOT),
+            slo_ttft_p95_s=self.model.slo.ttft_p95_ms / 1e3,
+            slo_tpot_p95_s=self.model.slo.tpot_p95_ms / 1e3,
+            usd_per_hour=self.usd_per_hour,
         )
 
     async def info(self) -> dict:

@@ -24,10 +24,13 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+from prometheus_client.metrics_core import Metric
+
 from hbmserve.core.config import ModelSpec
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.replica_middleware import LoadCounters, ReplicaMiddleware
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
+from hbmserve.deployments.sim_metrics import RequestTimer, SimEngineMetrics
 from hbmserve.deployments.sim_protocol import (BYTES_PER_TOKEN, ChatRequest, CompletionRequest, GenerationPlan,
                                                Rejection, chat_prompt, completion_prompt, error_body, filler_text,
                                                plan_generation, token_text, usage)
@@ -90,8 +93,22 @@ def prefix_hashes(req: CompletionRequest | ChatRequest, hash_block_tokens: int) 
     return prompt_block_hashes(prompt, block_chars) if isinstance(prompt, str) else ()
 
 
-def build_sim_openai_app(engine, model_name: str, max_model_len: int):
-    """The FastAPI app over a started-or-lazy `SimEngine`; no listener, no middleware."""
+async def _timed(tokens: AsyncIterator[int], timer: RequestTimer | None) -> AsyncIterator[int]:
+    """The engine's tokens, each one timed as it leaves the engine (sim_metrics.py)."""
+    try:
+        async for i in tokens:
+            if timer is not None:
+                timer.token(time.monotonic())
+            yield i
+        if timer is not None:
+            timer.finish()
+    finally:
+        await tokens.aclose()
+
+
+def build_sim_openai_app(engine, model_name: str, max_model_len: int, metrics: SimEngineMetrics | None = None):
+    """The FastAPI app over a started-or-lazy `SimEngine`; no listener, no middleware.
+    `metrics`: where the engine's timings go (vLLM's histograms under vLLM's names)."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -145,7 +162,8 @@ def build_sim_openai_app(engine, model_name: str, max_model_len: int):
         reply = _Reply(chat, model_name, plan)
         cfg = engine.core.cfg
         hashes = prefix_hashes(req, cfg.hash_block_tokens) if cfg.enable_prefix_caching else ()
-        tokens = engine.generate(reply.id, plan.prompt_tokens, plan.output_tokens, hashes)
+        timer = metrics.request(time.monotonic(), plan.prompt_tokens) if metrics is not None else None
+        tokens = _timed(engine.generate(reply.id, plan.prompt_tokens, plan.output_tokens, hashes), timer)
         # Wait for the first token before answering: errors then become 4xx/5xx, and the first
         # body byte (the ingress middleware's TTFT sample) is the first token, as with vLLM.
         try:
@@ -209,6 +227,7 @@ class SimHttpServer:
         self.internal_token = internal_token
         self.counters = LoadCounters()
         self.engine = None
+        self.metrics = SimEngineMetrics(model.name, self._gauges)
         self.url: str | None = None
         self.listener = AsgiListener()
 
@@ -225,9 +244,10 @@ class SimHttpServer:
         # The start-up delay passes before the port is bound: a replica still "loading weights"
         # must not be announced to the front door.
         await self.engine.wait_ready()
-        app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len)
+        app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len, self.metrics)
         try:
-            asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats)
+            asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats,
+                                     self.engine_metrics)
             self.url = await self.listener.serve(asgi, self.host)
         except BaseException:
             await self.engine.shutdown()
@@ -247,6 +267,15 @@ class SimHttpServer:
         s = self.engine.stats()
         return EngineLoad(waiting=s.waiting, running=s.running, kv_usage=s.kv_usage,
                           prompt_tokens=s.prompt_tokens, prefix_hit_tokens=s.prefix_hit_tokens)
+
+    def _gauges(self) -> tuple[int, int, float, int]:
+        if self.engine is None:
+            return 0, 0, 0.0, 0
+        s = self.engine.stats()
+        return s.waiting, s.running, s.kv_usage, s.num_preemptions
+
+    def engine_metrics(self) -> list[Metric]:
+        return self.metrics.families()
 
     def healthy(self) -> bool:
         return self.listener.serving and self.engine is not None and self.engine.stats().ready

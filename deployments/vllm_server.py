@@ -15,8 +15,11 @@ import os
 from collections.abc import Iterable
 from contextlib import AsyncExitStack
 
+from prometheus_client.metrics_core import Metric
+
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import EngineLaunch
+from hbmserve.deployments.engine_metrics import engine_families
 from hbmserve.deployments.vllm_argv import parse_launch
 from hbmserve.deployments.replica_middleware import LoadCounters, ReplicaMiddleware
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
@@ -54,7 +57,8 @@ class VLLMHttpServer:
             await init_app_state(self.engine_client, app.state, args, tasks)
             # Listen only once the engine is loaded: the URL is announced to the front door
             # as soon as this returns, and traffic may follow at once.
-            asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats)
+            asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats,
+                                     self.engine_metrics)
             self.url = await self.listener.serve(asgi, args.host)
         except BaseException:
             await self._stack.aclose()
@@ -72,6 +76,12 @@ class VLLMHttpServer:
         from prometheus_client import REGISTRY
 
         return engine_load((sample.name, sample.value) for metric in REGISTRY.collect() for sample in metric.samples)
+
+    def engine_metrics(self) -> list[Metric]:
+        """vLLM's own families of engine_metrics.ENGINE_FAMILIES, from its in-process registry."""
+        from prometheus_client import REGISTRY
+
+        return engine_families(REGISTRY.collect())
 
     def healthy(self) -> bool:
         return self.listener.serving and not getattr(self.engine_client, "errored", False)

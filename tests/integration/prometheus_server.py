@@ -48,16 +48,26 @@ class Prometheus:
 
 
 @contextlib.contextmanager
-def prometheus_server(targets: list[str], workdir: Path):
+def prometheus_server(targets: list[str], workdir: Path, doors: list[str] = (), admin_token: str | None = None):
+    """`doors`: front doors scraped at /metrics with `admin_token` as a bearer token (job
+    hbmserve-doors), beside the plain `targets` (job hbmserve: Ray's metrics ports)."""
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.skip("prometheus not installed (`make test` installs Debian's package)")
-    for target in targets:
+    for target in [*targets, *doors]:
         assert target.startswith(("127.", "localhost:")), f"scrape loopback only, not {target}"
     config = workdir / "prometheus.yml"
     listed = ", ".join(f'"{t}"' for t in targets)
-    config.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-                      f"scrape_configs:\n  - job_name: hbmserve\n    static_configs: [{{targets: [{listed}]}}]\n")
+    text = ("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"scrape_configs:\n  - job_name: hbmserve\n    static_configs: [{{targets: [{listed}]}}]\n")
+    if doors:
+        token_file = workdir / "admin-token"
+        token_file.write_text(admin_token or "")
+        listed = ", ".join(f'"{t}"' for t in doors)
+        text += (f"  - job_name: hbmserve-doors\n    metrics_path: /metrics\n"
+                 f"    authorization: {{credentials_file: {token_file}}}\n"
+                 f"    static_configs: [{{targets: [{listed}]}}]\n")
+    config.write_text(text)
     port = _free_port()
     proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],

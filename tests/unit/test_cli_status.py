@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from hbmserve.cli.serve import register
 from hbmserve.cluster import ray_cluster as rc
+from hbmserve.cluster.status_figures import LatencyVsSlo
 from hbmserve.core.records import (CrossedGroup, DecisionRecord, ModelTraffic, ObservedRank, PlacementReport,
-                                   RecordError)
+                                   RecordError, ReplicaRoles)
 from hbmserve.core.scaling import ReplicaState, Tier
 
 URL = "http://127.0.0.1:18000"
@@ -38,7 +39,9 @@ def models() -> list[rc.ModelStatus]:
                        rc.ReplicaStats("bbbbbbbb:12", URL, 0, 0, 0, ReplicaState.STANDBY)),
         autoscale=decision,
         traffic=(ModelTraffic(model="sleepy", accepted=3, rejected=1, in_flight=2, queued=1, routable=1),
-                 ModelTraffic(model="sleepy", accepted=4, rejected=0, in_flight=0, queued=0, routable=1)))]
+                 ModelTraffic(model="sleepy", accepted=4, rejected=0, in_flight=0, queued=0, routable=1)),
+        latency=LatencyVsSlo(ttft_p95_s=0.25, tpot_p95_s=0.15, slo_ttft_p95_s=2.0, slo_tpot_p95_s=0.1, requests=40),
+        roles=ReplicaRoles(starting=1, active=1, standby=1, draining=0, warm=2), usd_per_hour=6.0)]
 
 
 @pytest.fixture
@@ -46,6 +49,7 @@ def cli(monkeypatch):
     monkeypatch.setattr(rc, "connect", lambda address: "127.0.0.1:6379")
     monkeypatch.setattr(rc, "status", models)
     monkeypatch.setattr(rc, "metrics_targets", lambda: ["127.0.0.1:8080"])
+    monkeypatch.setattr(rc, "door_metrics_targets", lambda: ["127.0.0.1:41234"])
     app = typer.Typer()
     register(app)
 
@@ -59,7 +63,8 @@ def cli(monkeypatch):
 
 def test_status_json_keeps_its_shape(cli):
     printed = json.loads(cli("--json"))
-    assert printed == {"cluster": "127.0.0.1:6379", "metrics_targets": ["127.0.0.1:8080"], "models": [{
+    assert printed == {"cluster": "127.0.0.1:6379", "metrics_targets": ["127.0.0.1:8080"],
+                       "door_metrics_targets": ["127.0.0.1:41234"], "models": [{
         "name": "sleepy", "app_status": "RUNNING", "replicas": {"RUNNING": 2}, "endpoints": [URL], "message": "",
         "replica_stats": [
             {"replica": "aaaaaaaa:11", "url": URL, "accepted": 7, "rejected": 0, "in_flight": 1, "role": "active",
@@ -81,7 +86,11 @@ def test_status_json_keeps_its_shape(cli):
         "traffic": [{"model": "sleepy", "accepted": 3, "rejected": 1, "in_flight": 2, "queued": 1, "routable": 1,
                      "retried": 0},
                     {"model": "sleepy", "accepted": 4, "rejected": 0, "in_flight": 0, "queued": 0, "routable": 1,
-                     "retried": 0}]}]}
+                     "retried": 0}],
+        "latency": {"ttft_p95_s": 0.25, "tpot_p95_s": 0.15, "slo_ttft_p95_s": 2.0, "slo_tpot_p95_s": 0.1,
+                    "requests": 40},
+        "roles": {"starting": 1, "active": 1, "standby": 1, "draining": 0, "warm": 2},
+        "usd_per_hour": 6.0}]}
 
 
 def test_status_json_reads_back_into_the_same_records(cli):
@@ -96,6 +105,9 @@ def test_status_text_is_printed_from_typed_fields(cli):
     assert "placement verified on 0/1 replicas" in text
     assert "stage 0 TP group crossed an island (expected extra all-reduce 7.5 us)" in text
     assert "7 / 0 (standby)" in text
+    assert ("sleepy p95 TTFT 250ms / SLO 2.00s ok, TPOT 150ms / SLO 100ms over (40 requests since the replicas "
+            "started); replicas 1 active, 1 standby, 1 starting, 0 draining, 2 warm; $6.00/hour") in text
+    assert "front doors (/metrics, admin token): 127.0.0.1:41234" in text
 
 
 def test_a_malformed_record_is_a_cluster_error_the_cli_prints(monkeypatch):

@@ -15,6 +15,7 @@ import sys
 import typing
 
 import pytest
+from prometheus_client.metrics_core import Metric
 
 from hbmserve.core.config import ModelSpec
 from hbmserve.core.engine_settings import EngineKind
@@ -71,7 +72,7 @@ def vllm_model() -> ModelSpec:
 
 
 def test_the_protocol_covers_what_the_replica_uses():
-    assert set(protocol_methods(EngineServer)) == {"start", "stop", "engine_stats", "healthy"}
+    assert set(protocol_methods(EngineServer)) == {"start", "stop", "engine_stats", "engine_metrics", "healthy"}
     assert protocol_attributes(EngineServer) == {"counters": LoadCounters, "listener": AsgiListener}
 
 
@@ -105,6 +106,9 @@ class _Good:
 
     def engine_stats(self) -> EngineLoad:
         return EngineLoad(0, 0, 0.0)
+
+    def engine_metrics(self) -> list[Metric]:
+        return []
 
     def healthy(self) -> bool:
         return True

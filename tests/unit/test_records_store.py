@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from hbmserve.core.records import (DecisionRecord, IngressInfo, LoadReport, ObservedRank, PlacementReport, RecordError,
-                                   ReplicaEndpoint, ReplicaInfo)
+                                   ReplicaEndpoint, ReplicaInfo, ReplicaRoles)
 from hbmserve.core.scaling import ReplicaState, Tier
 from hbmserve.deployments import records_store as store
 
@@ -74,10 +74,33 @@ def test_a_published_decision_reads_back_typed_and_sets_the_gauges(kv):
     assert store.latest_decision("app", "engine") == record()
     assert store.latest_decision("other", "engine") is None
     tags = (("application", "app"), ("deployment", "engine"))
-    gauges = {name: series[tags] for name, series in FakeGauge.values.items()}
+    gauges = {name: series[tags] for name, series in FakeGauge.values.items() if tags in series}
     assert gauges == {"hbmserve_autoscale_target_replicas": 3, "hbmserve_autoscale_active_replicas": 2,
                       "hbmserve_autoscale_standby_replicas": 1, "hbmserve_autoscale_held_requests": 3,
                       "hbmserve_autoscale_refused_rps": 0.5}
+
+    def by(name: str, key: str) -> dict[str, float]:
+        return {dict(t)[key]: v for t, v in FakeGauge.values[name].items()}
+
+    # Three running (a, b active; c standby) for a Serve target of 3: nobody starting or draining.
+    assert by("hbmserve_replicas", "role") == {"starting": 0, "active": 2, "standby": 1, "draining": 0, "warm": 0}
+    assert by("hbmserve_autoscale_last_action", "action") == {"up": 0, "down": 0, "hold": 0, "other": 1}
+    store.DecisionLog().publish("app", "engine", record(reason="hold 2 (steady): ..."))
+    assert by("hbmserve_autoscale_last_action", "action") == {"up": 0, "down": 0, "hold": 1, "other": 0}
+
+
+@pytest.mark.parametrize("active, standby, target, warm, roles", [
+    (("a",), (), 3, 0, ReplicaRoles(starting=2, active=1)),  # Serve brings two more up
+    (("a",), ("b", "c"), 1, 0, ReplicaRoles(active=1, draining=2)),  # two surplus, out of rotation
+    (("a",), ("b", "c"), 2, 4, ReplicaRoles(active=1, standby=1, draining=1, warm=4)),
+])
+def test_replicas_by_role_from_one_decision(active, standby, target, warm, roles):
+    decision = record(active_replicas=active, standby_replicas=standby, serve_target=target,
+                      target_standby={Tier.HOT: len(standby), Tier.WARM: warm})
+    got = store.decision_roles(decision)
+    assert got == roles
+    # every running replica is in exactly one role
+    assert got.active + got.standby + got.draining == len(active) + len(standby)
 
 
 def test_a_malformed_stored_decision_is_an_error_naming_its_key(kv):
@@ -179,11 +202,14 @@ def test_a_replica_info_reply_is_a_valid_replica_info(monkeypatch):
     server = ENGINE_SERVERS[model.engine](model, "127.0.0.1", "token")  # not started
     endpoint = ReplicaEndpoint(app="m", deployment="engine-m", replica="abc", model="m",
                                url="http://127.0.0.1:40001", node_id="n" * 56, at=0.0)
-    attrs = dict(model=model, load_s=2.5, server=server, url=endpoint.url, endpoint=endpoint, weights=None)
+    attrs = dict(model=model, load_s=2.5, server=server, url=endpoint.url, endpoint=endpoint, weights=None,
+                 usd_per_hour=4.0)
     info = store.read_replica_info(asyncio.run(built(EngineReplica, **attrs).info()))
     assert (info.replica, info.role, info.load_s, info.placement) == ("abc", ReplicaState.ACTIVE, 2.5, None)
     assert info.node_id == "n" * 56 and info.url == endpoint.url and info.healthy is False
     assert (info.weights_s, info.weights_cached) == (None, None)  # the simulated engine has no weights
+    assert (info.slo_ttft_p95_s, info.slo_tpot_p95_s, info.usd_per_hour) == (2.0, 0.1, 4.0)
+    assert info.ttft_histogram is not None and info.ttft_histogram.count == 0  # no request yet
 
     # A planned replica reports the same record plus its placement check.
     report = PlacementReport(replica=0, placement_verified=True, reason="as planned", crossed=(),

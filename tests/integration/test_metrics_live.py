@@ -1,0 +1,89 @@
+"""Issue 12 requirements 1 and 5 live: a real Prometheus scrapes a real Ray Serve cluster of
+simulated engines (Ray's metrics ports, and each front door's /metrics with the admin token, the
+targets `hbmserve status --json` lists); after a few requests the hbmserve_* series have data:
+TTFT histograms labelled model and replica, refusals by reason and tenant, replicas by role,
+$/hour. `hbmserve status --json` carries p95 TTFT/TPOT against the SLO, roles and $/hour.
+
+Owns the local head for the module (see test_sim_serving.py on ordering): `down` before and after.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+MODEL = "llama-8b-metrics"
+PORT = 18300
+KEY = "metrics-tenant-key-0123456789"
+ADMIN = "metrics-admin-token-0123456789"
+PER_MINUTE = 4  # the tenant's request rate: the fifth and sixth requests are refused
+
+
+@pytest.fixture(scope="module")
+def metered(head, tmp_path_factory):
+    d = tmp_path_factory.mktemp("metrics-config")
+    (d / "keys.yaml").write_text(f"tenants: [{{name: acme, keys: ['{KEY}'], requests_per_minute: {PER_MINUTE}}}]\n")
+    (d / "admin").write_text(ADMIN + "\n")
+    cfg = d / "cluster.yaml"
+    cfg.write_text(
+        f"""name: hbmserve-metrics-test
+serve:
+  http: {{host: 127.0.0.1, port: {PORT}}}
+  auth: {{keys_file: {d / 'keys.yaml'}, admin_token_file: {d / 'admin'}}}
+models:
+  - name: {MODEL}
+    source: simulated
+    engine: sim
+    engine_settings: {{max_model_len: 2048, max_num_seqs: 4}}
+    sim: {{gpu: h100-sxm, model_config_name: llama-3.1-8b, speedup: 10}}
+    slo: {{ttft_p95_ms: 2000, tpot_p95_ms: 100}}
+    autoscaling: {{min_replicas: 1, max_replicas: 2, hot_standby: {{min: 1, max: 1}}, upscale_delay_s: 1}}
+"""
+    )
+    with head(cfg, PORT) as running:
+        yield running["url"]
+
+
+def test_hbmserve_series_reach_a_real_prometheus_and_status_reports_them(metered, cli, tmp_path):
+    from tests.integration.prometheus_server import prometheus_server
+
+    tenant = {"authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "prompt": "count my tokens", "max_tokens": 16}
+    codes = [httpx.post(f"{metered}/v1/completions", json=body, headers=tenant, timeout=60).status_code
+             for _ in range(PER_MINUTE + 2)]
+    assert codes == [200] * PER_MINUTE + [429, 429], codes
+    assert httpx.get(f"{metered}/metrics", timeout=10).status_code == 401  # deny by default
+
+    r = cli("status", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    printed = json.loads(r.stdout.strip().splitlines()[-1])
+    (model,) = printed["models"]
+    assert model["latency"]["requests"] == PER_MINUTE
+    assert 0 < model["latency"]["ttft_p95_s"] and model["latency"]["slo_ttft_p95_s"] == 2.0
+    assert model["latency"]["tpot_p95_s"] > 0 and model["latency"]["slo_tpot_p95_s"] == 0.1
+    assert model["roles"]["active"] == 1
+    assert model["usd_per_hour"] > 0
+    rays = [f"127.0.0.1:{t.rsplit(':', 1)[1]}" for t in printed["metrics_targets"]]
+    doors = printed["door_metrics_targets"]
+    assert doors and rays
+
+    m = f'model="{MODEL}"'
+    with prometheus_server(rays, tmp_path, doors=doors, admin_token=ADMIN) as prom:
+        ttft = prom.wait_for(f"sum(hbmserve_time_to_first_token_seconds_count{{{m}}})",
+                             lambda v: v == PER_MINUTE, 30)
+        by_replica = prom.query(f'hbmserve_time_to_first_token_seconds_bucket{{{m}, le="+Inf"}}')
+        refused = prom.wait_for(f'hbmserve_refusals_total{{{m}, reason="rate_limit_exceeded", tenant="acme"}}',
+                                lambda v: v == 2, 10)
+        cost = prom.wait_for(f"sum(hbmserve_cost_usd_per_hour{{{m}}})", lambda v: v > 0, 10)
+        app = f'application="{MODEL}"'
+        active = prom.wait_for(f'ray_hbmserve_replicas{{{app}, role="active"}}', lambda v: v == 1, 40)
+        standby = prom.query(f'ray_hbmserve_replicas{{{app}, role="standby"}}')
+    assert [v for _, v in ttft] == [PER_MINUTE], ttft
+    assert by_replica and all(s["replica"] and s["engine"] == "0" for s, _ in by_replica), by_replica
+    assert [v for _, v in refused] == [2.0], refused
+    assert [v for _, v in cost] == [model["usd_per_hour"]], (cost, model["usd_per_hour"])
+    assert [v for _, v in active] == [1.0], active
+    assert [v for _, v in standby] == [1.0], standby
