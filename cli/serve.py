@@ -233,11 +233,14 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         address = rc.connect(None)
         models = rc.status()
         targets = rc.metrics_targets()
+        warm = rc.warm_tier()
     except rc.ClusterError as e:
         raise _fail(str(e)) from None
     if as_json:
+        # "warm_tier" only while the warm-tier aggregator runs (some model keeps a warm pool).
         print(json.dumps({"cluster": address, "metrics_targets": targets,
-                          "models": [m.to_dict() for m in models]}))
+                          "models": [m.to_dict() for m in models],
+                          **({"warm_tier": warm.to_dict()} if warm else {})}))
         return
     table = Table(title=f"hbmserve on {address}")
     for col in ("model", "status", "replicas", "endpoints", "accepted per replica"):
@@ -249,6 +252,11 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         table.add_row(m.name, m.app_status, reps, "\n".join(m.endpoints) or "-", accepted)
     out.print(table if models else "no models deployed")
     out.print(f"Prometheus scrape targets: {', '.join(targets) or '-'}", highlight=False)
+    if warm:
+        ok = [p for p in warm.prefetched if p.ok]
+        out.print(f"warm tier: {len(warm.bundles)} bundles asked of the node autoscaler"
+                  f"{'' if warm.node_autoscaler else ' (none runs)'}; {warm.reason}; prefetched "
+                  f"{len(ok)} model(s) onto {len({p.node_id for p in ok})} node(s)", highlight=False)
     for m in models:
         if m.autoscale:
             out.print(f"[bold]{m.name}[/] autoscale -> {m.autoscale.serve_target} replicas: {m.autoscale.reason}",
