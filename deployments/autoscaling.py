@@ -272,8 +272,12 @@ class HbmServeAutoscalingPolicy:
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         app, deployment = getattr(ctx, "app_name", None), getattr(ctx, "deployment_name", "?")
+        try:
+            warm_tier = latest_warm_tier()
+        except RecordError:  # another hbmserve version's aggregator: keep no warm pool, as with none
+            warm_tier = None
         target, policy_state = decide_from_context(ctx, self.config, ingress_demand(app, deployment),
-                                                   self.capacity, latest_warm_tier())
+                                                   self.capacity, warm_tier)
         decision = decision_in(policy_state)
         try:
             previous = decision_in(ctx.policy_state)
