@@ -234,11 +234,14 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         models = rc.status()
         targets = rc.metrics_targets()
         doors = rc.door_metrics_targets()
+        warm = rc.warm_tier()
     except rc.ClusterError as e:
         raise _fail(str(e)) from None
     if as_json:
+        # "warm_tier" only while the warm-tier aggregator runs (some model keeps a warm pool).
         print(json.dumps({"cluster": address, "metrics_targets": targets, "door_metrics_targets": doors,
-                          "models": [m.to_dict() for m in models]}))
+                          "models": [m.to_dict() for m in models],
+                          **({"warm_tier": warm.to_dict()} if warm else {})}))
         return
     table = Table(title=f"hbmserve on {address}")
     for col in ("model", "status", "replicas", "endpoints", "accepted per replica"):
@@ -251,6 +254,11 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
     out.print(table if models else "no models deployed")
     out.print(f"Prometheus scrape targets: {', '.join(targets) or '-'}; front doors (/metrics, admin token): "
               f"{', '.join(doors) or '-'}", highlight=False, soft_wrap=True)
+    if warm:
+        ok = [p for p in warm.prefetched if p.ok]
+        out.print(f"warm tier: {len(warm.bundles)} bundles asked of the node autoscaler"
+                  f"{'' if warm.node_autoscaler else ' (none runs)'}; {warm.reason}; prefetched "
+                  f"{len(ok)} model(s) onto {len({p.node_id for p in ok})} node(s)", highlight=False)
     for m in models:
         out.print(f"[bold]{m.name}[/] {_figures(m)}", highlight=False, soft_wrap=True)
         if m.autoscale:

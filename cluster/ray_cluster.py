@@ -13,7 +13,7 @@ from pathlib import Path
 from hbmserve.core.config import ClusterSpec
 from hbmserve.cluster.status_figures import LatencyVsSlo, latency_vs_slo, status_roles, usd_per_hour
 from hbmserve.core.records import (DecisionRecord, IngressInfo, ModelTraffic, PlacementReport, Record, RecordError,
-                                   ReplicaInfo, ReplicaRoles)
+                                   ReplicaInfo, ReplicaRoles, WarmTierRecord)
 from hbmserve.core.scaling import ReplicaState
 
 NAMESPACE = "hbmserve"
@@ -151,6 +151,7 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
             serve.run(app, name=m.name, route_prefix=None, blocking=False)
         except RuntimeError as err:
             raise ClusterError(f"model {m.name} failed to deploy: {err}") from None
+    _deploy_warm_tier(spec)
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
     try:
         handle = serve.run(build_front_door_app(spec, token, nodes), name=APP_NAME, route_prefix=None)
@@ -159,6 +160,20 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
     with _closing(handle):
         url = _wait_serving(spec, handle, timeout_s=600)
     return {m.name: url for m in spec.models}
+
+
+def _deploy_warm_tier(spec: ClusterSpec) -> None:
+    """The warm-tier aggregator (deployments/warm_tier.py), when some model keeps a warm pool."""
+    from ray import serve
+
+    from hbmserve.deployments.warm_tier import APP_NAME, build_warm_tier_app, wants_warm_tier
+
+    if not wants_warm_tier(spec):
+        return
+    try:
+        serve.run(build_warm_tier_app(spec), name=APP_NAME, route_prefix=None, blocking=False)
+    except RuntimeError as err:
+        raise ClusterError(f"the warm tier failed to start: {err}") from None
 
 
 def _wait_serving(spec: ClusterSpec, handle, timeout_s: float) -> str:
@@ -312,6 +327,7 @@ def _status() -> list[ModelStatus]:
 
     from hbmserve.deployments.front_door import APP_NAME
     from hbmserve.deployments.records_store import latest_decision
+    from hbmserve.deployments.warm_tier import APP_NAME as WARM_TIER_APP
 
     # The handle's router warns each time a busy replica answers its queue-length probe late
     # (routinely, with tens of replicas on two cores); status only reads counters.
@@ -321,7 +337,7 @@ def _status() -> list[ModelStatus]:
     endpoints = tuple(sorted({d.url for d in doors}))
     out = []
     for name, app in serve.status().applications.items():
-        if name == APP_NAME:
+        if name in (APP_NAME, WARM_TIER_APP):  # no model: the front door, the warm tier
             continue
         replicas: dict[str, int] = {}
         seen: dict[str, ReplicaInfo] = {}
@@ -342,6 +358,17 @@ def _status() -> list[ModelStatus]:
                                app.message, stats, decision, traffic, latency_vs_slo(infos),
                                status_roles(replicas, (i.role for i in infos), decision), usd_per_hour(infos)))
     return out
+
+
+def warm_tier() -> WarmTierRecord | None:
+    """What the warm-tier aggregator asked of the node autoscaler and prefetched; None when none
+    runs. A malformed record is a ClusterError naming it."""
+    from hbmserve.deployments.records_store import latest_warm_tier
+
+    try:
+        return latest_warm_tier()
+    except RecordError as err:
+        raise ClusterError(str(err)) from None
 
 
 def metrics_targets() -> list[str]:

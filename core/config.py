@@ -86,8 +86,10 @@ class AutoscalingSpec(_Strict):
     # policy sizes the pool between these bounds (autoscale/warm_pool.py), inside max_replicas.
     hot_standby: HotStandbySpec = HotStandbySpec()
     # Nodes kept up with the weights on local NVMe but no engine (the warm tier). The policy
-    # sizes this pool and the simulator models it; live, nodes come from the cluster's node
-    # autoscaler, which hbmserve does not drive yet, so a live warm pool stays empty.
+    # sizes this pool and the simulator models it. Live, the warm-tier aggregator
+    # (deployments/warm_tier.py) asks Ray's node autoscaler for them and prefetches the weights
+    # onto each node that joins; without a node autoscaler, or for a model that needs no node
+    # resource or reads no weights, the live pool stays empty and the decision says why.
     warm_pool: StandbyBounds = StandbyBounds(min=0, max=0)
     # min_replicas 0: how long the model's gate holds a request while the first replica
     # starts, before answering 503 + Retry-After.
@@ -123,6 +125,10 @@ class SimEngineSpec(_Strict):
     # Hold tp x pp (fake) GPUs as a real engine would, so GPU placement can be exercised on
     # machines without GPUs (Ray nodes started with a fake `num_gpus`).
     reserve_gpus: bool = False
+    # Resolve `source` through the node's weight cache before the simulated load, as a real
+    # engine does (the bytes are made local, not read): exercises the cache and the warm tier
+    # without GPUs. Off: `source` is a label and is never read.
+    cache_weights: bool = False
 
 
 class ModelSpec(_Strict):
@@ -144,6 +150,11 @@ class ModelSpec(_Strict):
     @property
     def needs_gpus(self) -> bool:
         return self.engine is EngineKind.VLLM_GPU or (self.engine is EngineKind.SIM and self.sim.reserve_gpus)
+
+    @property
+    def reads_weights(self) -> bool:
+        """Its replicas make `source` local through the node's weight cache before starting."""
+        return self.engine is not EngineKind.SIM or self.sim.cache_weights
 
     @model_validator(mode="after")
     def _cpu_has_no_model_parallelism(self) -> ModelSpec:

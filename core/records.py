@@ -13,6 +13,9 @@
 * `ReplicaInfo`: what an engine replica reports about itself (its `info()` over a Serve handle),
   with a `PlacementReport` when the replica was placed by the planner. Read by `hbmserve status`.
 * `IngressInfo`: the same for a front door.
+* `WarmTierRecord`: what the warm-tier aggregator (deployments/warm_tier.py) asked of Ray's node
+  autoscaler and prefetched onto joining nodes, renewed while it runs. Read by the autoscaling
+  policy (a live warm pool only while it is fresh) and by `hbmserve status`.
 
 A record that a component renews (`at` on the writer's wall clock) is read only while fresh:
 a component that dies stops renewing, so what it published cannot outlive it.
@@ -294,3 +297,31 @@ class IngressInfo(Record):
     connections: int  # client connections open now
     rss_mib: float  # the front door process's resident memory
     models: tuple[ModelTraffic, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prefetch(Record):
+    """One model made local on one node by the warm tier's prefetch."""
+
+    node_id: str
+    model: str
+    ok: bool
+    hit: bool = False  # it was already in that node's cache
+    bytes_fetched: int = 0
+    seconds: float = 0.0
+    error: str = ""  # why it failed, when it did
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmTierRecord(Record):
+    """The warm-tier aggregator's state, renewed every tick while it runs (one per cluster)."""
+
+    at: float  # wall clock of the last renewal
+    # A node autoscaler runs (Ray's autoscaler reports its status); without one, no node is added.
+    node_autoscaler: bool
+    # Deployments whose warm wish can become nodes: replicas that need node resources (a GPU)
+    # and weights that go through the node's cache.
+    warmable: tuple[str, ...]
+    bundles: tuple[dict[str, float], ...]  # the one request_resources list in force
+    reason: str  # why these bundles
+    prefetched: tuple[Prefetch, ...] = ()  # newest last, bounded

@@ -14,9 +14,10 @@ Three pieces, all thin:
   Serve replicas = active target + hot standbys. Which replicas are active is decided here
   (roles.py: surplus actives demoted least-loaded first) and published with the decision
   (records_store.py); replicas follow it, binding or releasing the model's port, so a standby
-  gets no traffic until promoted. Warm and cold pool targets travel in the decision record for
-  a node-pool executor (none yet: KubeRay's autoscaler provisions nodes), and every decision is
-  logged with its reason.
+  gets no traffic until promoted. The warm-pool target travels in the decision record to the
+  warm-tier aggregator (warm_tier.py), which asks Ray's node autoscaler for the nodes; it is
+  kept at 0, with the reason, while that cannot happen (autoscale/warm_nodes.py
+  `live_warm_target`). Every decision is logged with its reason.
 
 `serve_autoscaling_config(config)` gives the AutoscalingConfig kwargs that make this the only
 hysteresis in the loop: Serve wraps every custom policy in its own delay logic
@@ -40,9 +41,10 @@ from hbmserve.autoscale.roles import age_order, assign_roles, current_active
 from hbmserve.autoscale.signals import p95
 from hbmserve.capacity.length_capacity import CapacityTable, LengthStats
 from hbmserve.core.config import ModelSpec
-from hbmserve.core.records import DecisionRecord, IngressDemand, RecordError
+from hbmserve.autoscale.warm_nodes import live_warm_target
+from hbmserve.core.records import DecisionRecord, IngressDemand, RecordError, WarmTierRecord
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot, Tier
-from hbmserve.deployments.records_store import DecisionLog, ingress_demand
+from hbmserve.deployments.records_store import TTL_S, DecisionLog, ingress_demand, latest_warm_tier
 
 STAT_WAITING = "hbm_waiting"
 STAT_RUNNING = "hbm_running"
@@ -201,8 +203,10 @@ def with_observed_capacity(config: AutoscaleConfig, ctx: Any,
 
 
 def decide_from_context(ctx: Any, config: AutoscaleConfig, demand: IngressDemand | None = None,
-                        capacity: CapacityTable | None = None) -> tuple[int, dict[str, Any]]:
-    """The whole translation, context in, Serve's answer out; no logging, no I/O."""
+                        capacity: CapacityTable | None = None,
+                        warm_tier: WarmTierRecord | None = None) -> tuple[int, dict[str, Any]]:
+    """The whole translation, context in, Serve's answer out; no logging, no I/O. `warm_tier`:
+    the warm-tier aggregator's last record (None: none runs, so no warm node is kept)."""
     config = with_observed_capacity(with_measured_startup(config, ctx), ctx, capacity)
     prior_state = ctx.policy_state or {}
     prior = prior_state.get(POLICY_STATE_KEY)
@@ -219,6 +223,11 @@ def decide_from_context(ctx: Any, config: AutoscaleConfig, demand: IngressDemand
     assignment = assign_roles(running, order, roles.get("active"), decision.target_active,
                               in_flight)
     reason = decision.reason
+    standby = dict(decision.target_standby)
+    standby[Tier.WARM], why_not_warm = live_warm_target(standby.get(Tier.WARM, 0), getattr(ctx, "deployment_name", ""),
+                                                        warm_tier, snapshot.now, TTL_S)
+    if why_not_warm:
+        reason = f"{reason}; {why_not_warm}"
     if assignment.describe():
         reason = f"{reason}; {assignment.describe()}"
     policy_state = dict(prior_state)
@@ -227,7 +236,7 @@ def decide_from_context(ctx: Any, config: AutoscaleConfig, demand: IngressDemand
     record = DecisionRecord(
         at=snapshot.now,
         target_active=decision.target_active,
-        target_standby=dict(decision.target_standby),
+        target_standby=standby,
         active_replicas=tuple(assignment.active),
         standby_replicas=tuple(assignment.standby),
         held_at_ingress=demand.held if demand else 0,
@@ -263,8 +272,12 @@ class HbmServeAutoscalingPolicy:
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         app, deployment = getattr(ctx, "app_name", None), getattr(ctx, "deployment_name", "?")
+        try:
+            warm_tier = latest_warm_tier()
+        except RecordError:  # another hbmserve version's aggregator: keep no warm pool, as with none
+            warm_tier = None
         target, policy_state = decide_from_context(ctx, self.config, ingress_demand(app, deployment),
-                                                   self.capacity)
+                                                   self.capacity, warm_tier)
         decision = decision_in(policy_state)
         try:
             previous = decision_in(ctx.policy_state)

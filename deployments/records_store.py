@@ -14,6 +14,9 @@
   (`publish_demand`), summed by the policy (`ingress_demand`).
   Renewed records carry the writer's wall clock; a reader ignores, and deletes, those older than
   their time to live, so a component that dies cannot pin a count or an address for long.
+* The warm tier: KV key `warm-tier`, renewed by the cluster's one aggregator
+  (deployments/warm_tier.py, `publish_warm_tier`), read by the policy and status
+  (`latest_warm_tier`, None once stale: the aggregator stopped).
 * `ReplicaInfo` / `IngressInfo`: what an engine replica's or front door's `info()` answers over
   a Serve handle. Plain JSON data on the wire (`info_reply`), not pickled classes, so that a
   caller and a replica of different versions still understand each other; typed again by
@@ -30,7 +33,7 @@ import time
 from typing import Any
 
 from hbmserve.core.records import (DecisionRecord, DoorEndpoint, IngressDemand, IngressInfo, RecordError, ReplicaEndpoint,
-                                   ReplicaInfo, ReplicaRoles)
+                                   ReplicaInfo, ReplicaRoles, WarmTierRecord)
 from hbmserve.core.scaling import Tier
 
 KV_NAMESPACE = "hbmserve"
@@ -201,6 +204,24 @@ def ingress_demand(app: str | None, deployment: str, now: float | None = None) -
         return IngressDemand(held=0, at=now)
     records = _fresh_records(_demand_key(app, deployment), IngressDemand, TTL_S, now)
     return IngressDemand(held=sum(r.held for r in records), refused_rps=sum(r.refused_rps for r in records), at=now)
+
+
+WARM_TIER_KEY = "warm-tier"
+
+
+def publish_warm_tier(record: WarmTierRecord) -> None:
+    _kv()._internal_kv_put(WARM_TIER_KEY, record.to_json(), overwrite=True, namespace=KV_NAMESPACE)
+
+
+def latest_warm_tier(now: float | None = None) -> WarmTierRecord | None:
+    """The warm-tier aggregator's last renewal, or None when it does not run (never started,
+    stopped, or not renewed within TTL_S); none outside a Ray cluster."""
+    if not _kv()._internal_kv_initialized():
+        return None
+    raw = _kv()._internal_kv_get(WARM_TIER_KEY, namespace=KV_NAMESPACE)
+    record = WarmTierRecord.from_json(raw, source=f"Ray KV {KV_NAMESPACE}/{WARM_TIER_KEY}") if raw else None
+    now = time.time() if now is None else now
+    return record if record is not None and now - record.at <= TTL_S else None
 
 
 def info_reply(info: ReplicaInfo | IngressInfo) -> dict[str, Any]:

@@ -14,11 +14,7 @@ from dataclasses import dataclass
 
 from hbmserve.core.cache_spec import WeightCacheSpec
 from hbmserve.core.config import ModelSpec
-from hbmserve.core.engine_settings import EngineKind
 from hbmserve.weights.resolve import Resolved, resolve
-
-# Engines that read weights from disk; the simulated engine has none.
-READS_WEIGHTS = (EngineKind.VLLM_CPU, EngineKind.VLLM_GPU)
 
 
 @dataclass
@@ -29,9 +25,10 @@ class LocalWeights:
 
 
 def local_weights(model: ModelSpec, cache: WeightCacheSpec) -> LocalWeights | None:
-    """The model made local on this node, or None for an engine without weights. Blocking (a
-    miss copies the model): call it in a thread. Raises a WeightCacheError naming the cause."""
-    if model.engine not in READS_WEIGHTS:
+    """The model made local on this node, or None for an engine without weights (the simulated
+    one, unless `sim.cache_weights`). Blocking (a miss copies the model): call it in a thread.
+    Raises a WeightCacheError naming the cause."""
+    if not model.reads_weights:
         return None
     started = time.monotonic()
     resolved = resolve(model.source, cache, model=model.name)

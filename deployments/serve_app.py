@@ -227,6 +227,17 @@ def actor_options(model: ModelSpec) -> dict:
     return {"num_cpus": 1, "num_gpus": 1 if model.parallelism.tp * model.parallelism.pp == 1 else 0}
 
 
+def replica_shape(model: ModelSpec) -> tuple[dict[str, float], ...]:
+    """The resource bundles one replica holds, as Ray's node autoscaler must count them: the
+    replica actor's own (`actor_options`), plus one GPU per rank that vLLM's Ray executor places
+    beside it when the model spans several GPUs."""
+    opts = actor_options(model)
+    own = {"CPU": float(opts.get("num_cpus", 1)), "GPU": float(opts.get("num_gpus", 0))}
+    ranks = model.parallelism.tp * model.parallelism.pp
+    ranks_apart = ranks if model.engine is EngineKind.VLLM_GPU and ranks > 1 else 0
+    return (own, *({"GPU": 1.0},) * ranks_apart)
+
+
 def scaling_options(model: ModelSpec) -> dict:
     """Fixed `replicas`, or Serve autoscaling driven by hbmserve's policy (autoscale/)."""
     from hbmserve.autoscale.config import autoscale_config_for

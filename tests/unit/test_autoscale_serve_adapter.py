@@ -187,3 +187,19 @@ def test_a_policy_state_from_another_version_is_read_with_a_clear_error_or_not_a
     policy = sa.HbmServeAutoscalingPolicy(upscale_delay_s=0.0)
     target, state = policy(context(policy_state={sa.DECISION_KEY: {"target_active": "many"}}))
     assert sa.decision_in(state).serve_target == target
+
+
+def test_the_warm_pool_is_kept_only_while_the_warm_tier_can_make_it_nodes():
+    from hbmserve.core.records import WarmTierRecord
+
+    cfg = AutoscaleConfig(warm_pool_min=1, warm_pool_max=1)
+    _, alone = sa.decide_from_context(context(), cfg)
+    record = sa.decision_in(alone)
+    assert record.target_standby[Tier.WARM] == 0 and "warm 1->0: no warm-tier aggregator" in record.reason
+    tier = WarmTierRecord(at=NOW - 1, node_autoscaler=True, warmable=("engine",), bundles=(), reason="")
+    target, served = sa.decide_from_context(context(), cfg, warm_tier=tier)
+    record = sa.decision_in(served)
+    assert record.target_standby[Tier.WARM] == 1 and "warm 1->0" not in record.reason
+    assert target == record.serve_target  # warm nodes are no Serve replicas
+    no_nodes = WarmTierRecord(**{**tier.__dict__, "node_autoscaler": False})
+    assert "no node autoscaler" in sa.decision_in(sa.decide_from_context(context(), cfg, warm_tier=no_nodes)[1]).reason
