@@ -129,6 +129,7 @@ class FrontDoorApp:
         self.token = token
         self.limits = limits
         self.info_of = None  # () -> IngressInfo as plain data; set by the front door
+        self.dashboard = None  # the ops dashboard's DashboardFeed; set by the front door
         self.openapi = openapi_document(spec)
         self.retried: dict[str, int] = {}  # model -> requests retried on another replica
         self.route = ROUTERS[spec.serve.router]
@@ -153,6 +154,9 @@ class FrontDoorApp:
                 await _send_error(send, 405, f"{path} takes POST", "invalid_request_error", "method_not_allowed")
                 return
             await self._model_request(scope, receive, send, credential)
+        elif path.startswith("/hbm/dashboard") and self.dashboard is not None:
+            for msg in self.dashboard.messages(scope["method"], path):  # the page: dashboard_feed.py
+                await send(msg)
         elif path == "/hbm/info" and self.info_of is not None:
             for msg in json_response(200, self.info_of()):
                 await send(msg)
@@ -217,6 +221,8 @@ class FrontDoorApp:
                                                                   RouteRequest(ask.prompt_tokens, 0)))
             return
         gate = self.admission[model.name]
+        if self.dashboard is not None:  # times what the client gets, for the ops dashboard
+            send = self.dashboard.watch(model.name, send, ask.arrived_at, len(raw))
         ticket = await gate.enter(ask)
         if isinstance(ticket, Refusal):
             await _send_refusal(send, ticket)
