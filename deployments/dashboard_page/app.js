@@ -44,7 +44,7 @@ function drawChart(svg, series, unit) {
   svg.append(el("text", { x: 2, y: H - B }, "0", SVG));
   svg.append(el("text", { x: L, y: H - 4 }, `${Math.round(t1 - t0)} s`, SVG));
   series.forEach((s, i) => {
-    const colour = COLOURS[i % COLOURS.length];
+    const colour = COLOURS[(s.colour ?? i) % COLOURS.length];  // an SLO line takes its model's colour
     const pts = s.points.filter((p) => p[1] !== null && p[1] !== undefined);
     if (!pts.length) return;
     const line = el("polyline", {
@@ -60,12 +60,13 @@ function drawChart(svg, series, unit) {
 
 function fmt(v) {
   if (v === null || v === undefined) return "–";
+  if (Number.isInteger(v)) return String(v);
   return v >= 100 ? v.toFixed(0) : v >= 1 ? v.toFixed(1) : v.toFixed(3);
 }
 
 function seriesOf(history, models, pick) {
-  return models.map((m) => ({
-    name: m,
+  return models.map((m, i) => ({
+    name: m, colour: i,
     points: history.map((s) => {
       const ms = s.models.find((x) => x.model === m);
       return [s.at, ms ? pick(ms) : null];
@@ -76,8 +77,8 @@ function seriesOf(history, models, pick) {
 function drawCharts(snap) {
   const h = snap.history, models = snap.slo.map((s) => s.model);
   const ms = (v) => (v === null ? null : v * 1000);
-  const slo = (key) => snap.slo.map((s) => ({
-    name: `${s.model} SLO`, reference: true,
+  const slo = (key) => snap.slo.map((s, i) => ({
+    name: `${s.model} SLO`, reference: true, colour: i,
     points: h.length ? [[h[0].at, s[key] * 1000], [h[h.length - 1].at, s[key] * 1000]] : [],
   }));
   const sum = (pick) => [{ name: "cluster", points: h.map((s) => [s.at, s.models.reduce((a, m) => a + (pick(m) ?? 0), 0)]) }];
@@ -130,7 +131,7 @@ function drawPlacement(snap) {
       const colour = COLOURS[islands.indexOf(g.island) % COLOURS.length];
       const cell = el("div", { class: g.replica ? "gpu" : "gpu free", style: `border-color:${colour}`,
         "data-node": n.node, "data-gpu": g.gpu, "data-island": g.island, "data-replica": g.replica ?? "",
-        "data-rank": g.rank ?? "", "data-verified": g.verified === null ? "" : String(g.verified) });
+        "data-rank": g.rank ?? "", "data-plan-index": g.plan_index ?? "", "data-verified": g.verified === null ? "" : String(g.verified) });
       cell.append(el("div", {}, `GPU ${g.gpu} · ${g.island}`));
       if (g.replica) {
         cell.append(el("div", {}, `${g.model} r${g.plan_index} rank ${g.rank}`), verdict(g.verified));
