@@ -20,12 +20,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# A real Prometheus server for the metrics tests (Debian's package; no service is started). Where
-# it cannot be installed (not root, no registry) those tests skip and say why.
+# A real Prometheus server for the metrics tests and Chromium for the dashboard's browser test
+# (Debian's packages; no service is started; Playwright drives /usr/bin/chromium and never
+# downloads a browser). Where they cannot be installed (not root, no registry) those tests skip
+# and say why.
 system-deps:
 	@command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
 		|| echo "warning: could not install prometheus; its tests will skip"
+	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+		|| echo "warning: could not install chromium; the dashboard's browser test will skip"
 
 model: install
 	test -f $(MODEL_DIR)/config.json || $(VENV)/bin/hbmserve model tiny --out $(MODEL_DIR)

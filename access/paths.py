@@ -2,7 +2,10 @@
 
 | class     | paths                                                     | credential       |
 |-----------|-----------------------------------------------------------|------------------|
-| PUBLIC    | `/health` (exactly; not `/healthz`, not `/health/`)        | none             |
+| PUBLIC    | `/health` (exactly; not `/healthz`, not `/health/`), and   | none             |
+|           | the ops dashboard's page and its two static files          |                  |
+|           | (`/hbm/dashboard`, `/hbm/dashboard/app.js`, `.../app.css`: |                  |
+|           | they hold no data; `/hbm/dashboard/data` is ADMIN)         |                  |
 | INFERENCE | anything under `/v1/` (chat/completions, completions,      | a tenant key     |
 |           | embeddings, models, models/{id}, responses, audio, ...)    |                  |
 |           | and vLLM's extras outside it: `/tokenize`, `/detokenize`,  |                  |
@@ -30,7 +33,10 @@ class PathClass(str, Enum):
     ADMIN = "admin"
 
 
-PUBLIC_PATHS = frozenset({"/health"})
+# The dashboard page asks for the admin token in the browser and sends it with each data request
+# (deployments/dashboard_feed.py); the page itself must load without it.
+DASHBOARD_PAGE_PATHS = frozenset({"/hbm/dashboard", "/hbm/dashboard/app.js", "/hbm/dashboard/app.css"})
+PUBLIC_PATHS = frozenset({"/health"}) | DASHBOARD_PAGE_PATHS
 INFERENCE_PREFIX = "/v1/"
 # vLLM's OpenAI server serves these outside /v1/ (the SageMaker-style `/invocations` included).
 INFERENCE_EXTRAS = frozenset({"/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank",

@@ -3,8 +3,8 @@
 * `DecisionRecord`: what the autoscaling policy (in Serve's controller) publishes per decision.
   Read by the front doors (they route only to the replicas it lists active), `hbmserve status`
   and the benchmarks.
-* `ReplicaEndpoint`: a replica's announcement of where it listens, renewed while it lives.
-  Read by the front doors.
+* `ReplicaEndpoint`: a replica's announcement of where it listens (and, planned, where its
+  ranks landed), renewed while it lives. Read by the front doors.
 * `DoorEndpoint`: a front door's announcement, renewed while it lives. Read by the front doors.
 * `LoadReport`: a replica's load, which the front doors poll to route.
 * `IngressDemand`: the demand one front door sees for a model that the replicas do not: requests
@@ -232,6 +232,10 @@ class ReplicaEndpoint(Record):
     url: str
     node_id: str
     at: float  # wall clock of the last renewal
+    # Where a planned replica's ranks landed (deployments/placed_app.py), published with its
+    # address so that a front door, which reaches replicas over HTTP only, can draw the placement
+    # map (deployments/dashboard.py). None: not planned. Added with the ops dashboard.
+    placement: PlacementReport | None = None
 
     def fresh(self, now: float, ttl_s: float) -> bool:
         return now - self.at <= ttl_s

@@ -283,12 +283,13 @@ class HbmServeAutoscalingPolicy:
             previous = decision_in(ctx.policy_state)
         except RecordError:  # left by another hbmserve version: only the log line depends on it
             previous = None
-        if previous is None or _plan(previous) != _plan(decision):
+        changed = previous is None or _plan(previous) != _plan(decision)
+        if changed:
             self._log.info("hbmserve autoscale %s: serve replicas %d; %s", deployment, target,
                            decision.reason)
         # The replicas follow `active_replicas` from this record: publish every tick, so a
         # restarted replica or controller converges without waiting for a change.
-        self._decisions.publish(app, deployment, decision)
+        self._decisions.publish(app, deployment, decision, changed=changed)
         return target, policy_state
 
 

@@ -10,7 +10,8 @@ with the shared `routing.choose` and relays (front_door_app.py, relay.py). Its `
 Three loops keep its picture fresh: discovery (replica endpoints and the autoscaler's active
 lists, every DISCOVER_S), load polling (every replica_table.POLL_S, which also releases queued
 requests when capacity appears), and held counts for scale from zero (every RENEW_S while
-requests are held, read by the autoscaling policy).
+requests are held, read by the autoscaling policy). A fourth samples the ops dashboard
+(dashboard_feed.py) every dashboard.SAMPLE_S.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from hbmserve.core.config import ClusterSpec
 from hbmserve.core.records import DoorEndpoint, IngressInfo, ModelTraffic
 from hbmserve.deployments.door_metrics import door_families, local_replicas, node_metrics
 from hbmserve.deployments.engine_metrics import replica_usd_per_hour
+from hbmserve.deployments.dashboard import SAMPLE_S
+from hbmserve.deployments.dashboard_feed import DashboardFeed
 from hbmserve.deployments.front_door_access import AccessGuard, load_key_ring
 from hbmserve.deployments.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.deployments.front_door_queue import ModelAdmission
@@ -58,6 +61,9 @@ class FrontDoor:
                                                            http.first_byte_timeout_s))
         self.app.info_of = lambda: info_reply(self._info())
         self.app.metrics_of = self._metrics
+        self.dashboard = DashboardFeed(self.spec, self.table, self.admission,
+                                       lambda: (self.node_id, self.table.doors, self.guard.enforced))
+        self.app.dashboard = self.dashboard
         self.node_id = ray.get_runtime_context().get_node_id()
         self.prices = {m.name: replica_usd_per_hour(m) for m in self.spec.models}
         self.gpus = GpuCollector.open()
@@ -74,7 +80,8 @@ class FrontDoor:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._every(DISCOVER_S, self._discover)),
                        loop.create_task(self._every(POLL_S, self._poll)),
-                       loop.create_task(self._every(RENEW_S / 2, self._renew))]
+                       loop.create_task(self._every(RENEW_S / 2, self._renew)),
+                       loop.create_task(self._every(SAMPLE_S, self.dashboard.refresh))]
         log.info("front door on %s (this one alone: %s), auth %s, %d model(s)", self.url, self.own_url,
                  "enforced" if self.guard.enforced else "off", len(names))
 

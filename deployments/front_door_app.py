@@ -130,6 +130,7 @@ class FrontDoorApp:
         self.info_of = None  # () -> IngressInfo as plain data; set by the front door
         self.metrics_of = None  # async () -> the /metrics reply (door_metrics.py); set by the front door
         self.refusals = Refusals()
+        self.dashboard = None  # the ops dashboard's DashboardFeed; set by the front door
         self.openapi = openapi_document(spec)
         self.retried: dict[str, int] = {}  # model -> requests retried on another replica
         self.route = ROUTERS[spec.serve.router]
@@ -154,6 +155,9 @@ class FrontDoorApp:
                 await self._error(send, 405, f"{path} takes POST", "invalid_request_error", "method_not_allowed")
                 return
             await self._model_request(scope, receive, send, credential)
+        elif path.startswith("/hbm/dashboard") and self.dashboard is not None:
+            for msg in self.dashboard.messages(scope["method"], path):  # the page: dashboard_feed.py
+                await send(msg)
         elif path == "/hbm/info" and self.info_of is not None:
             for msg in json_response(200, self.info_of()):
                 await send(msg)
@@ -233,6 +237,8 @@ class FrontDoorApp:
                                                                   RouteRequest(ask.prompt_tokens, 0), tenant))
             return
         gate = self.admission[model.name]
+        if self.dashboard is not None:  # times what the client gets, for the ops dashboard
+            send = self.dashboard.watch(model.name, send, ask.arrived_at, len(raw))
         ticket = await gate.enter(ask)
         if isinstance(ticket, Refusal):
             await self._refuse(send, ticket, model.name, tenant)

@@ -132,6 +132,9 @@ class PlacedEngineReplica(EngineReplica):
         publish_verification_metrics(deployment, self.verification)
         log_verification(self.verification, log, deployment)
 
+    def _placement(self) -> PlacementReport:
+        return self.placement
+
     def _replica_info(self, role: ReplicaState) -> ReplicaInfo:
         return dataclasses.replace(super()._replica_info(role), placement=self.placement)
 

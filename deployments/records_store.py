@@ -4,6 +4,9 @@
   written on every policy tick by `DecisionLog`, which also sets Ray gauges that Prometheus
   scrapes with Ray's other metrics. Read by the front doors (which route to its
   `active_replicas`), `hbmserve status` and the benchmarks, through `latest_decision`.
+  The decisions that changed the plan (targets, pool, active set) are also kept, the last
+  DECISION_HISTORY of them, under `autoscale-log/<app>/<deployment>`: the ops dashboard's
+  decision log (`recent_decisions`).
 * Replica endpoints: KV key `endpoint/<app>/<deployment>/<replica>`, renewed by each replica
   (`publish_endpoint`) every few seconds, read by the front doors (`live_endpoints`).
 * Front doors: KV key `door/<door>`, renewed by each front door (`publish_door`), counted by
@@ -29,6 +32,7 @@ this module starts and connects nothing.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -41,6 +45,10 @@ KV_NAMESPACE = "hbmserve"
 
 def _decision_key(app: str | None, deployment: str) -> str:
     return f"autoscale/{app or '-'}/{deployment}"
+
+
+def _history_key(app: str | None, deployment: str) -> str:
+    return f"autoscale-log/{app or '-'}/{deployment}"
 
 
 def _demand_key(app: str | None, deployment: str, holder: str = "") -> str:
@@ -87,6 +95,17 @@ def decision_action(decision: DecisionRecord) -> str:
     return head if head in ACTIONS else "other"
 
 
+# Decisions kept for the dashboard's log: only those that changed the plan, so a steady hour
+# of "hold" ticks does not push out the scale-up that explains it.
+DECISION_HISTORY = 50
+
+
+def with_history(history: list[Any], decision: DecisionRecord, limit: int = DECISION_HISTORY) -> list[Any]:
+    """The stored history (plain JSON data, oldest first) with `decision` appended, the oldest
+    dropped past `limit`."""
+    return [*history, decision.to_dict()][-limit:]
+
+
 class DecisionLog:
     """Publishes one policy's decisions; owns its gauges (one instance per policy object).
 
@@ -97,13 +116,23 @@ class DecisionLog:
     def __init__(self) -> None:
         self._gauges: dict[str, Any] = {}
 
-    def publish(self, app: str | None, deployment: str, decision: DecisionRecord) -> None:
+    def publish(self, app: str | None, deployment: str, decision: DecisionRecord, changed: bool = True) -> None:
+        """`changed`: the decision changed the plan (the policy logs it); it joins the history."""
         from ray.experimental import internal_kv
         from ray.util.metrics import Gauge
 
         if internal_kv._internal_kv_initialized():
             internal_kv._internal_kv_put(_decision_key(app, deployment), decision.to_json(), overwrite=True,
                                          namespace=KV_NAMESPACE)
+            if changed:
+                key = _history_key(app, deployment)
+                raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+                try:
+                    history = json.loads(raw) if raw else []
+                except ValueError:
+                    history = []  # unreadable: start again rather than stop logging
+                history = with_history(history if isinstance(history, list) else [], decision)
+                internal_kv._internal_kv_put(key, json.dumps(history), overwrite=True, namespace=KV_NAMESPACE)
         values = {
             "hbmserve_autoscale_target_replicas": decision.serve_target,
             "hbmserve_autoscale_active_replicas": len(decision.active_replicas),
@@ -138,6 +167,24 @@ def latest_decision(app: str | None, deployment: str) -> DecisionRecord | None:
     key = _decision_key(app, deployment)
     raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
     return DecisionRecord.from_json(raw, source=f"Ray KV {KV_NAMESPACE}/{key}") if raw else None
+
+
+def recent_decisions(app: str | None, deployment: str) -> tuple[DecisionRecord, ...]:
+    """The last DECISION_HISTORY plan-changing decisions, oldest first; entries this version cannot
+    read are skipped (the log is for people; one odd entry must not hide the rest)."""
+    key = _history_key(app, deployment)
+    raw = _kv()._internal_kv_get(key, namespace=KV_NAMESPACE)
+    try:
+        history = json.loads(raw) if raw else []
+    except ValueError:
+        return ()
+    out = []
+    for entry in history if isinstance(history, list) else []:
+        try:
+            out.append(DecisionRecord.from_dict(entry, source=f"Ray KV {KV_NAMESPACE}/{key}"))
+        except RecordError:
+            continue
+    return tuple(out)
 
 
 def _kv():

@@ -19,7 +19,7 @@ from typing import Callable
 from hbmserve.core.cache_spec import WeightCacheSpec
 from hbmserve.core.config import ClusterSpec, ModelSpec
 from hbmserve.core.engine_settings import EngineKind
-from hbmserve.core.records import ReplicaEndpoint, ReplicaInfo
+from hbmserve.core.records import PlacementReport, ReplicaEndpoint, ReplicaInfo
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.engine_args import vllm_launch
@@ -98,9 +98,14 @@ class EngineReplica:
         ctx = serve.get_replica_context()
         self.endpoint = ReplicaEndpoint(app=ctx.app_name, deployment=ctx.deployment,
                                         replica=ctx.replica_id.unique_id, model=self.model.name, url=self.url,
-                                        node_id=ray.get_runtime_context().get_node_id(), at=time.time())
+                                        node_id=ray.get_runtime_context().get_node_id(), at=time.time(),
+                                        placement=self._placement())
         await asyncio.to_thread(publish_endpoint, self.endpoint)
         self._announce = asyncio.get_running_loop().create_task(self._renew_endpoint())
+
+    def _placement(self) -> PlacementReport | None:
+        """Where this replica's ranks landed against its plan; None unless planned (placed_app.py)."""
+        return None
 
     async def _renew_endpoint(self) -> None:
         while True:

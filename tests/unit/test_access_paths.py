@@ -33,15 +33,20 @@ PUBLIC, INFERENCE, ADMIN = PathClass.PUBLIC, PathClass.INFERENCE, PathClass.ADMI
     ("/v1/../metrics", ADMIN), ("/v1/./models", ADMIN), ("/v1//models", ADMIN), ("//v1/models", ADMIN),
     ("/v1/models/..", ADMIN), ("/v1\\models", ADMIN), ("/v1/models\x00", ADMIN), ("v1/models", ADMIN),
     ("/./health", ADMIN), ("/health/.", ADMIN),
+    # The dashboard's page and static files hold no data; its data needs the admin token.
+    ("/hbm/dashboard", PUBLIC), ("/hbm/dashboard/app.js", PUBLIC), ("/hbm/dashboard/app.css", PUBLIC),
+    ("/hbm/dashboard/data", ADMIN), ("/hbm/dashboard/", ADMIN), ("/hbm/dashboard/other.js", ADMIN),
+    ("/hbm/dashboard/../dashboard/data", ADMIN),
 ])
 def test_path_table(path, cls):
     assert required_credential(path) is cls
 
 
 @given(st.text(max_size=40))
-def test_only_health_is_public_and_unknown_is_admin(path):
+def test_only_health_and_the_dashboard_page_are_public_and_unknown_is_admin(path):
     cls = required_credential(path)
-    assert (cls is PUBLIC) == (path == "/health")
+    assert (cls is PUBLIC) == (path in {"/health", "/hbm/dashboard", "/hbm/dashboard/app.js",
+                                        "/hbm/dashboard/app.css"})
     if not path.startswith("/v1/") and path not in {"/tokenize", "/detokenize", "/pooling", "/classify",
                                                      "/score", "/rerank", "/v2/rerank", "/invocations"}:
         assert cls is not INFERENCE

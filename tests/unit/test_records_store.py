@@ -9,6 +9,7 @@ other module reads these records by key.
 from __future__ import annotations
 
 import ast
+import json
 import asyncio
 import dataclasses
 from pathlib import Path
@@ -287,3 +288,30 @@ def test_no_module_reads_a_record_by_key():
 @pytest.mark.parametrize("snippet", ['d["active_replicas"]', 'info.get("own_url")', 'report["kv_usage"]'])
 def test_the_guard_sees_a_keyed_read(snippet):
     assert keyed_reads(snippet)
+
+
+def test_the_decision_log_keeps_only_plan_changes_newest_last_and_bounded(kv):
+    log = store.DecisionLog()
+    assert store.recent_decisions("app", "engine") == ()
+    log.publish("app", "engine", record(at=1.0, reason="first"))  # changed defaults to True
+    log.publish("app", "engine", record(at=2.0, reason="hold"), changed=False)  # a tick that changed nothing
+    log.publish("app", "engine", record(at=3.0, target_active=3, reason="up"), changed=True)
+    assert [(d.at, d.reason) for d in store.recent_decisions("app", "engine")] == [(1.0, "first"), (3.0, "up")]
+    log.publish("app", "engine", record(at=4.0, target_active=3, reason="hold at 3"), changed=False)
+    assert store.latest_decision("app", "engine").reason == "hold at 3"  # every tick is still the latest
+    assert len(store.recent_decisions("app", "engine")) == 2
+    for i in range(store.DECISION_HISTORY + 5):
+        log.publish("app", "engine", record(at=10.0 + i, reason=f"step {i}"))
+    kept = store.recent_decisions("app", "engine")
+    # The bound holds and the oldest go first: 2 + 55 published, the last 50 kept.
+    assert len(kept) == store.DECISION_HISTORY
+    assert kept[0].reason == "step 5" and kept[-1].reason == f"step {store.DECISION_HISTORY + 4}"
+    assert store.recent_decisions("other", "engine") == ()
+
+
+def test_an_unreadable_decision_log_entry_is_skipped_not_fatal(kv):
+    kv[("hbmserve", "autoscale-log/app/engine")] = json.dumps(
+        [{"at": "soon"}, record(at=4.0).to_dict()]).encode()
+    assert [d.at for d in store.recent_decisions("app", "engine")] == [4.0]
+    kv[("hbmserve", "autoscale-log/app/engine")] = b"not json"
+    assert store.recent_decisions("app", "engine") == ()
