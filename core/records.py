@@ -13,6 +13,8 @@
 * `ReplicaInfo`: what an engine replica reports about itself (its `info()` over a Serve handle),
   with a `PlacementReport` when the replica was placed by the planner. Read by `hbmserve status`.
 * `IngressInfo`: the same for a front door.
+* `SlotStats`: one planned slot's replica stats, from its Serve policy to the model's leading
+  policy (a model both autoscaled and placed runs one deployment per planned slot).
 
 A record that a component renews (`at` on the writer's wall clock) is read only while fresh:
 a component that dies stops renewing, so what it published cannot outlive it.
@@ -121,6 +123,20 @@ class DecisionRecord(Record):
     startup_s: Mapping[Tier, float] = field(default_factory=dict)
     reason: str  # why, for people: the policy's reason and any role change
     serve_target: int  # replicas asked of Serve: the active ones plus the hot standbys
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlotStats(Record):
+    """What one planned slot's Serve autoscaling context held, for the model's leading policy
+    (deployments/slot_autoscaling.py): a model both autoscaled and placed by the planner runs one
+    Serve deployment per planned slot, and each policy sees only its own slot's replicas."""
+
+    at: float  # the slot policy's clock (Serve's AutoscalingContext.current_time)
+    slot: int
+    target: int  # Serve's target for the slot's deployment: 0 or 1
+    current: int  # replicas it runs
+    # Serve replica id -> stat name -> (timestamp, value) points: the look-back window and the latest.
+    replicas: Mapping[str, Mapping[str, tuple[tuple[float, float], ...]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
