@@ -60,13 +60,19 @@ def _shape_known(m: ModelSpec) -> bool:
 
 
 def _topology_problems(spec: ClusterSpec) -> list[str]:
+    """The topology file, then every planned model's replicas (an autoscaled one's at its
+    ceiling, `autoscaling.max_replicas`) placed on it as `deploy` will place them."""
     if spec.topology is None:
         return []
     try:
-        load_cluster_file(spec.topology)
+        topology = load_cluster_file(spec.topology)
     except TopologyFileError as err:
         return [f"topology: {err}"]
-    return []
+    from hbmserve.deployments.placed_app import infeasible_message, plan_models, replica_count_field
+
+    plans = plan_models(spec, topology)
+    return [f"models.{i}.{replica_count_field(m)}: {infeasible_message(m, plans[m.name])}"
+            for i, m in enumerate(spec.models) if m.name in plans and not plans[m.name].feasible]
 
 
 def vllm_problems(spec: ClusterSpec) -> list[str]:

@@ -208,7 +208,7 @@ def _placement_plans(spec: ClusterSpec) -> dict:
     GPUs held by anything else in the live cluster are not known to the plan; Ray then cannot
     create the placement group and the replica stays pending (visible in `hbmserve status`).
     """
-    if not any(spec.plans_placement(m) and m.replicas > 0 for m in spec.models):
+    if not any(spec.plans_placement(m) and m.replica_ceiling > 0 for m in spec.models):
         return {}
     from hbmserve.deployments.placed_app import infeasible_message, plan_models
     from hbmserve.placement.cluster_file import TopologyFileError, load_cluster_file
@@ -327,6 +327,7 @@ def _status() -> list[ModelStatus]:
 
     from hbmserve.deployments.front_door import APP_NAME
     from hbmserve.deployments.records_store import latest_decision
+    from hbmserve.deployments.serve_app import engine_deployment_name
     from hbmserve.deployments.warm_tier import APP_NAME as WARM_TIER_APP
 
     # The handle's router warns each time a busy replica answers its queue-length probe late
@@ -350,7 +351,10 @@ def _status() -> list[ModelStatus]:
                 with _closing(serve.get_deployment_handle(dep_name, app_name=name)) as handle:
                     seen |= _probe_replicas(handle, states["RUNNING"])
         stats = tuple(ReplicaStats.of(key, i) for key, i in sorted(seen.items()))
-        decisions = [d for d in (latest_decision(name, dep) for dep in app.deployments) if d]
+        # A planned, autoscaled model decides once for all its slot deployments, under the name
+        # an unplanned model's engine deployment has.
+        scopes = [engine_deployment_name(name), *app.deployments]
+        decisions = [d for d in (latest_decision(name, dep) for dep in scopes) if d]
         traffic = tuple(t for d in doors for t in d.models if t.model == name)
         decision = decisions[0] if decisions else None
         infos = list(seen.values())

@@ -148,6 +148,12 @@ class ModelSpec(_Strict):
     sim: SimEngineSpec = SimEngineSpec()
 
     @property
+    def replica_ceiling(self) -> int:
+        """The most replicas it runs at once: `replicas`, or `autoscaling.max_replicas`. The
+        placement planner places this many up front (deployments/placed_app.py)."""
+        return self.replicas if self.autoscaling is None else self.autoscaling.max_replicas
+
+    @property
     def needs_gpus(self) -> bool:
         return self.engine is EngineKind.VLLM_GPU or (self.engine is EngineKind.SIM and self.sim.reserve_gpus)
 
@@ -230,7 +236,8 @@ class ClusterSpec(_Strict):
     name: Annotated[str, Field(min_length=1)] = "hbmserve"
     serve: ServeSpec = ServeSpec()
     # A cluster file (placement/cluster_file.py format). When set, every model that needs GPUs
-    # gets its replicas placed by the placement planner (deployments/placed_app.py).
+    # gets its replicas placed by the placement planner (deployments/placed_app.py); an
+    # autoscaled one gets autoscaling.max_replicas of them planned up front.
     topology: str | None = None
     # The node-local weight cache every replica resolves its model through (hbmserve/weights).
     cache: WeightCacheSpec = WeightCacheSpec()
@@ -271,18 +278,7 @@ def parse_cluster_spec(data: object, source: str = "<data>") -> ClusterSpec:
         spec = ClusterSpec.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_errors(source, err)) from None
-    problems = _placement_problems(spec)
-    if problems:
-        raise ConfigError("\n  ".join([f"invalid config {source}:", *problems]))
     return spec
-
-
-def _placement_problems(spec: ClusterSpec) -> list[str]:
-    # A plan fixes every replica's GPUs up front; Serve autoscaling would add replicas the plan
-    # never saw (and placement groups nobody verified).
-    return [f"models.{i}.autoscaling: not supported together with placement planning (`topology` is set "
-            f"and the model needs GPUs) yet; use a fixed `replicas` count"
-            for i, m in enumerate(spec.models) if m.autoscaling is not None and spec.plans_placement(m)]
 
 
 def load_cluster_spec(path: str | os.PathLike[str] | None = None) -> ClusterSpec:

@@ -16,6 +16,8 @@
 * `WarmTierRecord`: what the warm-tier aggregator (deployments/warm_tier.py) asked of Ray's node
   autoscaler and prefetched onto joining nodes, renewed while it runs. Read by the autoscaling
   policy (a live warm pool only while it is fresh) and by `hbmserve status`.
+* `SlotStats`: one planned slot's replica stats, from its Serve policy to the model's leading
+  policy (a model both autoscaled and placed runs one deployment per planned slot).
 
 A record that a component renews (`at` on the writer's wall clock) is read only while fresh:
 a component that dies stops renewing, so what it published cannot outlive it.
@@ -136,6 +138,20 @@ class DecisionRecord(Record):
     startup_s: Mapping[Tier, float] = field(default_factory=dict)
     reason: str  # why, for people: the policy's reason and any role change
     serve_target: int  # replicas asked of Serve: the active ones plus the hot standbys
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlotStats(Record):
+    """What one planned slot's Serve autoscaling context held, for the model's leading policy
+    (deployments/slot_autoscaling.py): a model both autoscaled and placed by the planner runs one
+    Serve deployment per planned slot, and each policy sees only its own slot's replicas."""
+
+    at: float  # the slot policy's clock (Serve's AutoscalingContext.current_time)
+    slot: int
+    target: int  # Serve's target for the slot's deployment: 0 or 1
+    current: int  # replicas it runs
+    # Serve replica id -> stat name -> (timestamp, value) points: the look-back window and the latest.
+    replicas: Mapping[str, Mapping[str, tuple[tuple[float, float], ...]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

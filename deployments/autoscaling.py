@@ -34,10 +34,11 @@ import logging
 import statistics
 import time
 from dataclasses import asdict
-from typing import Any, Collection, Iterable
+from typing import Any, Collection, Iterable, Mapping
 
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
 from hbmserve.autoscale.roles import age_order, assign_roles, current_active
+from hbmserve.autoscale.slots import leaving
 from hbmserve.autoscale.signals import p95
 from hbmserve.capacity.length_capacity import CapacityTable, LengthStats
 from hbmserve.core.config import ModelSpec
@@ -95,7 +96,7 @@ def autoscaling_stats(*, waiting: int, running: int, kv_usage: float,
     return stats
 
 
-def _replica_key(replica_id: Any) -> str:
+def replica_key(replica_id: Any) -> str:
     return str(getattr(replica_id, "unique_id", replica_id))
 
 
@@ -133,7 +134,7 @@ def snapshot_from_context(ctx: Any, look_back_s: float, active: Collection[str] 
     tpot: list[float] = []
     arrival = 0.0
     for rid in ctx.running_replicas:
-        key = _replica_key(rid)
+        key = replica_key(rid)
         serving = active is None or key in active
         replicas.append(ReplicaSnapshot(
             replica_id=key,
@@ -204,15 +205,21 @@ def with_observed_capacity(config: AutoscaleConfig, ctx: Any,
 
 def decide_from_context(ctx: Any, config: AutoscaleConfig, demand: IngressDemand | None = None,
                         capacity: CapacityTable | None = None,
-                        warm_tier: WarmTierRecord | None = None) -> tuple[int, dict[str, Any]]:
-    """The whole translation, context in, Serve's answer out; no logging, no I/O. `warm_tier`:
-    the warm-tier aggregator's last record (None: none runs, so no warm node is kept)."""
+                        warm_tier: WarmTierRecord | None = None,
+                        slot_of: Mapping[str, int] | None = None) -> tuple[int, dict[str, Any]]:
+    """The whole translation, context in, Serve's answer out; no logging, no I/O.
+
+    `warm_tier`: the warm-tier aggregator's last record (None: none runs, so no warm node is
+    kept). `slot_of`: replica id -> planned slot, for a model that runs one deployment per slot
+    (slot_autoscaling.py). Serve then stops the replicas in the slots at or above the new
+    target (autoscale/slots.py), so the roles are assigned among the others and the leaving
+    ones are out of rotation at once."""
     config = with_observed_capacity(with_measured_startup(config, ctx), ctx, capacity)
     prior_state = ctx.policy_state or {}
     prior = prior_state.get(POLICY_STATE_KEY)
     state = PolicyState.from_dict(prior) if prior else PolicyState()
     roles = prior_state.get(ROLES_KEY) or {}
-    running = [_replica_key(r) for r in ctx.running_replicas]
+    running = [replica_key(r) for r in ctx.running_replicas]
     order = age_order(running, roles.get("order", ()))
     serving = current_active(order, roles.get("active"))
     snapshot = snapshot_from_context(ctx, config.look_back_s, serving, demand)
@@ -220,12 +227,13 @@ def decide_from_context(ctx: Any, config: AutoscaleConfig, demand: IngressDemand
     # Surplus actives are demoted least-loaded first (roles.scale_down_victims, as the
     # simulator drains them); which replica Serve then stops is Serve's choice (see roles.py).
     in_flight = {r.replica_id: r.waiting + r.running for r in snapshot.replicas}
-    assignment = assign_roles(running, order, roles.get("active"), decision.target_active,
-                              in_flight)
+    gone = leaving(slot_of, serve_target(decision.target_active, decision.target_standby)) if slot_of else frozenset()
+    assignment = assign_roles([r for r in running if r not in gone], order, roles.get("active"),
+                              decision.target_active, in_flight)
     reason = decision.reason
     standby = dict(decision.target_standby)
-    standby[Tier.WARM], why_not_warm = live_warm_target(standby.get(Tier.WARM, 0), getattr(ctx, "deployment_name", ""),
-                                                        warm_tier, snapshot.now, TTL_S)
+    standby[Tier.WARM], why_not_warm = live_warm_target(
+        standby.get(Tier.WARM, 0), getattr(ctx, "deployment_name", ""), warm_tier, snapshot.now, TTL_S)
     if why_not_warm:
         reason = f"{reason}; {why_not_warm}"
     if assignment.describe():
@@ -271,13 +279,19 @@ class HbmServeAutoscalingPolicy:
         self._decisions = DecisionLog()
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
-        app, deployment = getattr(ctx, "app_name", None), getattr(ctx, "deployment_name", "?")
+        return self.step(ctx, getattr(ctx, "deployment_name", "?"))
+
+    def step(self, ctx: Any, deployment: str,
+             slot_of: Mapping[str, int] | None = None) -> tuple[int, dict[str, Any]]:
+        """Decide for `deployment`'s replicas in `ctx`, log a changed plan, publish the record
+        under `deployment` (the model's engine deployment, also for a slotted model)."""
+        app = getattr(ctx, "app_name", None)
         try:
             warm_tier = latest_warm_tier()
         except RecordError:  # another hbmserve version's aggregator: keep no warm pool, as with none
             warm_tier = None
         target, policy_state = decide_from_context(ctx, self.config, ingress_demand(app, deployment),
-                                                   self.capacity, warm_tier)
+                                                   self.capacity, warm_tier, slot_of)
         decision = decision_in(policy_state)
         try:
             previous = decision_in(ctx.policy_state)

@@ -10,6 +10,11 @@ them and the endpoint is the same as without planning.
 A started replica checks where its bundles landed (placement/ray_observe.py), compares that
 with its plan (placement/verification.py), logs a warning with the extra all-reduce cost when a
 TP group crossed an island or node, and reports a `PlacementReport` in `info()`.
+
+An autoscaled model is planned at its ceiling, `autoscaling.max_replicas` replicas: each planned
+replica is a slot deployment that runs 0 or 1 replica as the model's one policy decides
+(slot_autoscaling.py says why this design), so a replica the autoscaler adds is placed and
+verified like a fixed one.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from hbmserve.core.config import ClusterSpec, ModelSpec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.records import PlacementReport, ReplicaInfo
 from hbmserve.core.scaling import ReplicaState
-from hbmserve.deployments.serve_app import EngineReplica, actor_options
+from hbmserve.deployments.serve_app import EngineReplica, actor_options, engine_deployment_name
 from hbmserve.placement.plan_types import PlacementPlan, PlacementRequest
 from hbmserve.placement.planner import plan
 from hbmserve.placement.ray_adapter import PlacementGroupSpec, placement_group_specs
@@ -34,9 +39,10 @@ log = logging.getLogger("hbmserve.replica")
 
 
 def plan_model(model: ModelSpec, topology: ClusterTopology, in_use: frozenset[GpuRef] = frozenset()) -> PlacementPlan:
-    """The planner's answer for the model's fixed replica count (pure)."""
+    """The planner's answer for the most replicas the model runs (`replica_ceiling`: its fixed
+    count, or its autoscaling ceiling) (pure)."""
     p = model.parallelism
-    return plan(PlacementRequest(tp=p.tp, pp=p.pp, replicas=model.replicas), topology, in_use=in_use)
+    return plan(PlacementRequest(tp=p.tp, pp=p.pp, replicas=model.replica_ceiling), topology, in_use=in_use)
 
 
 def plan_models(spec: ClusterSpec, topology: ClusterTopology) -> dict[str, PlacementPlan]:
@@ -46,15 +52,22 @@ def plan_models(spec: ClusterSpec, topology: ClusterTopology) -> dict[str, Place
     (serve_config.py) both plan through here, so they place every replica alike."""
     plans, in_use = {}, frozenset()
     for m in spec.models:
-        if spec.plans_placement(m) and m.replicas > 0:
+        if spec.plans_placement(m) and m.replica_ceiling > 0:
             plans[m.name] = result = plan_model(m, topology, in_use)
             in_use |= {g for r in result.replicas for g in r.members}
     return plans
 
 
+def replica_count_field(model: ModelSpec) -> str:
+    """The config field the planned replica count comes from."""
+    return "replicas" if model.autoscaling is None else "autoscaling.max_replicas"
+
+
 def infeasible_message(model: ModelSpec, result: PlacementPlan) -> str:
-    lines = [f"model {model.name}: no placement: {result.reason}"]
-    lines += [f"  alternative: tp={a.tp} pp={a.pp} replicas={a.replicas} ({a.note})" for a in result.alternatives]
+    """The planner's refusal, naming the field that set the replica count."""
+    field = replica_count_field(model)
+    lines = [f"model {model.name}: no placement for {field}={model.replica_ceiling}: {result.reason}"]
+    lines += [f"  alternative: tp={a.tp} pp={a.pp} {field}={a.replicas} ({a.note})" for a in result.alternatives]
     return "\n".join(lines)
 
 
@@ -83,13 +96,14 @@ def placed_specs(model: ModelSpec, result: PlacementPlan, topology: ClusterTopol
     return placement_group_specs(result, topology, name_prefix=f"engine-{model.name}", replica_cpus=replica_cpus)
 
 
-def deployment_options(model: ModelSpec, pg: PlacementGroupSpec) -> dict:
-    """Keyword arguments for `serve.deployment` of one planned replica (pure)."""
+def deployment_options(model: ModelSpec, pg: PlacementGroupSpec, autoscaling: dict | None = None) -> dict:
+    """Keyword arguments for `serve.deployment` of one planned replica (pure). `autoscaling`:
+    the slot's AutoscalingConfig kwargs (slot_autoscaling.py) for an autoscaled model."""
     from hbmserve.deployments.replica_http import DRAIN_TIMEOUT_S
 
     return {
         "name": deployment_name(model, pg.replica),
-        "num_replicas": 1,
+        **({"num_replicas": 1} if autoscaling is None else {"autoscaling_config": autoscaling}),
         "ray_actor_options": replica_actor_options(model, pg),
         "health_check_period_s": 10,
         "health_check_timeout_s": 30,
@@ -138,15 +152,25 @@ class PlacedEngineReplica(EngineReplica):
     def _replica_info(self, role: ReplicaState) -> ReplicaInfo:
         return dataclasses.replace(super()._replica_info(role), placement=self.placement)
 
+    def _decision_deployment(self) -> str:
+        # One decision for every slot: published under the model's engine deployment name.
+        return engine_deployment_name(self.model)
+
 
 def build_placed_app(host: str, internal_token: str, model: ModelSpec,
                      result: PlacementPlan, topology: ClusterTopology, cache: WeightCacheSpec):
     """The model's one Serve application: a deployment per planned replica, replica 0 as ingress."""
     from ray import serve
 
+    from hbmserve.deployments.slot_autoscaling import slot_autoscaling_configs
+
+    specs = placed_specs(model, result, topology)
+    scaling: list[dict | None] = [None] * len(specs)
+    if model.autoscaling is not None:
+        scaling = list(slot_autoscaling_configs(model, len(specs), engine_deployment_name(model)))
     bound = []
-    for pg in placed_specs(model, result, topology):
-        deployment = serve.deployment(PlacedEngineReplica, **deployment_options(model, pg))
+    for pg, autoscaling in zip(specs, scaling):
+        deployment = serve.deployment(PlacedEngineReplica, **deployment_options(model, pg, autoscaling))
         bound.append((deployment, (model.model_dump_json(), host, internal_token, cache.model_dump_json(),
                                    result, topology, pg)))
     (first, first_args), rest = bound[0], bound[1:]

@@ -15,6 +15,9 @@
   the rate it refuses for capacity, which no replica sees. KV key
   `demand/<app>/<deployment>/<front door>`, renewed by each front door while nonzero
   (`publish_demand`), summed by the policy (`ingress_demand`).
+* Slot stats of a model both autoscaled and placed (one Serve deployment per planned slot): KV
+  key `slot/<app>/<model deployment>/<slot>`, written by each slot's policy on every tick
+  (`publish_slot_stats`), merged by the leading slot's policy (`slot_stats`).
   Renewed records carry the writer's wall clock; a reader ignores, and deletes, those older than
   their time to live, so a component that dies cannot pin a count or an address for long.
 * The warm tier: KV key `warm-tier`, renewed by the cluster's one aggregator
@@ -37,7 +40,7 @@ import time
 from typing import Any
 
 from hbmserve.core.records import (DecisionRecord, DoorEndpoint, IngressDemand, IngressInfo, RecordError, ReplicaEndpoint,
-                                   ReplicaInfo, ReplicaRoles, WarmTierRecord)
+                                   ReplicaInfo, ReplicaRoles, SlotStats, WarmTierRecord)
 from hbmserve.core.scaling import Tier
 
 KV_NAMESPACE = "hbmserve"
@@ -208,6 +211,24 @@ def _fresh_records(prefix: str, cls, ttl_s: float, now: float) -> list:
             continue
         out.append(record)
     return out
+
+
+def _slot_key(app: str | None, deployment: str, slot: int | None = None) -> str:
+    return f"slot/{app or '-'}/{deployment}/{'' if slot is None else slot}"
+
+
+def publish_slot_stats(app: str | None, deployment: str, stats: SlotStats) -> None:
+    kv = _kv()
+    if kv._internal_kv_initialized():
+        kv._internal_kv_put(_slot_key(app, deployment, stats.slot), stats.to_json(), overwrite=True,
+                            namespace=KV_NAMESPACE)
+
+
+def slot_stats(app: str | None, deployment: str, now: float) -> list[SlotStats]:
+    """Every slot's latest stats, those renewed within TTL_S (a removed slot drops out)."""
+    if not _kv()._internal_kv_initialized():
+        return []
+    return _fresh_records(_slot_key(app, deployment), SlotStats, TTL_S, now)
 
 
 def publish_endpoint(ep: ReplicaEndpoint) -> None:

@@ -132,10 +132,14 @@ class EngineReplica:
     def _role(self) -> ReplicaState:
         if self.model.autoscaling is None:
             return ReplicaState.ACTIVE
-        decision = latest_decision(self.endpoint.app, self.endpoint.deployment)
+        decision = latest_decision(self.endpoint.app, self._decision_deployment())
         if decision is None or self.endpoint.replica in decision.active_replicas:
             return ReplicaState.ACTIVE
         return ReplicaState.STANDBY
+
+    def _decision_deployment(self) -> str:
+        """Where the policy publishes the decision that names this replica's role."""
+        return self.endpoint.deployment
 
     def _replica_info(self, role: ReplicaState) -> ReplicaInfo:
         c = self.server.counters
@@ -257,8 +261,11 @@ def scaling_options(model: ModelSpec) -> dict:
     return {"autoscaling_config": serve_autoscaling_config(config, table if reestimate else None)}
 
 
-def engine_deployment_name(model: ModelSpec) -> str:
-    return f"engine-{model.name}".replace("/", "-").replace(":", "-")
+def engine_deployment_name(model: ModelSpec | str) -> str:
+    """The model's engine deployment (the name of the model, or the model); a planned model's
+    decisions are published under it too, though its deployments are one per slot."""
+    name = model if isinstance(model, str) else model.name
+    return f"engine-{name}".replace("/", "-").replace(":", "-")
 
 
 def build_model_app(spec: ClusterSpec, model: ModelSpec, internal_token: str):

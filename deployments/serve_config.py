@@ -100,7 +100,7 @@ def model_app(args: dict[str, Any]):
                                f"(models: {', '.join(m.name for m in spec.models)})")
     _check_deployable(spec, "model_app")
     token = read_internal_token(parsed.internal_token_file)
-    if spec.plans_placement(model) and model.replicas > 0:
+    if spec.plans_placement(model) and model.replica_ceiling > 0:
         return _placed_app(spec, model, token)
     from hbmserve.deployments.serve_app import build_model_app
 

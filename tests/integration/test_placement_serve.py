@@ -133,3 +133,66 @@ def test_infeasible_plan_deploys_nothing(live):
     assert "sim-tp4" in message and "largest here is 2" in message and "alternative:" in message
     assert len(ray.util.placement_group_table()) == before_groups
     assert set(serve.status().applications) == before_apps and "sim-tp4" not in before_apps
+
+
+def test_a_replica_the_autoscaler_adds_lands_on_its_planned_island_and_verifies(live):
+    """max_replicas 2 planned up front as two slot deployments; load (8 concurrent streams at a
+    2-sequence engine: a queue of 6 past a target of 1 per replica, which one replica at the
+    stated 0.05 rps cannot drain) takes the policy from 1 to 2 replicas, and the added replica,
+    slot 1, reports itself verified on slot 1's planned island. (At 1 rps per replica the
+    policy judged one replica enough to drain the queue for ~30 s: measured.)"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ray import serve
+
+    topology = live
+    serve.shutdown()  # the apps of the tests above hold the islands this model is planned on
+    t0 = time.monotonic()
+    spec = parse_cluster_spec({
+        "serve": {"http": {"host": "127.0.0.1", "port": PORT}},
+        "topology": str(PAIRS),
+        "models": [{"name": "sim-auto", "source": "/nonexistent", "engine": "sim", "parallelism": {"tp": 2},
+                    "sim": {"reserve_gpus": True}, "slo": {"ttft_p95_ms": 60000, "tpot_p95_ms": 1000},
+                    "engine_settings": {"max_model_len": 1024, "max_num_seqs": 2},
+                    "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_queue_per_replica": 1,
+                                    "replica_capacity_rps": 0.05, "reestimate_capacity": False,
+                                    "upscale_delay_s": 0, "hot_standby": {"min": 0, "max": 0},
+                                    "startup_s": {"hot": 1, "warm": 2, "cold": 4}}}],
+    })
+    url = rc.deploy(spec)["sim-auto"]
+    planned = plan_model(spec.models[0], topology).replicas
+    assert _status_json()["models"][0]["replicas"] == {"RUNNING": 1}  # slot 0 only: the floor
+
+    stop = time.monotonic() + 60
+
+    def stream(_):
+        with httpx.Client(base_url=url, timeout=60) as client:
+            while time.monotonic() < stop:
+                client.post("/v1/completions", json={"model": "sim-auto", "prompt": "hi", "max_tokens": 300})
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(stream, i) for i in range(8)]
+        while time.monotonic() < stop:
+            status = _status_json()["models"][0]
+            added = [r for r in status["replica_stats"] if r["placement"]["replica"] == 1]
+            if added:
+                break
+            time.sleep(1)
+        stop = 0.0  # the streams finish their current request and end
+        for f in futures:
+            f.result()
+    decision = status["autoscale"]
+    assert decision is not None and decision["serve_target"] == 2, decision
+    (report,) = [r["placement"] for r in added]
+    assert report["placement_verified"] is True, report
+    stage = planned[1].stages[0]
+    assert [(o["node"], o["gpu"]) for o in report["observed"]] == list(zip([stage.node] * 2, stage.gpus))
+    assert {ISLAND_OF_GPU[o["gpu"]] for o in report["observed"]} == {ISLAND_OF_GPU[stage.gpus[0]]}
+    # Ray's own view: slot 1's bundles sit on its planned node; both replicas take traffic.
+    assert _serve_group_nodes().get(deployment_name(spec.models[0], 1)) == [stage.node] * 2
+    deadline = time.monotonic() + 10  # the added replica is promoted on the policy's next tick
+    while len(decision["active_replicas"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        decision = _status_json()["models"][0]["autoscale"]
+    assert len(decision["active_replicas"]) == 2, decision
+    assert time.monotonic() - t0 < 90

@@ -75,13 +75,48 @@ def test_which_models_are_planned(model, topology, planned):
     assert spec.plans_placement(spec.models[0]) is planned
 
 
-def test_autoscaling_with_planning_is_refused():
+def test_autoscaling_with_planning_is_accepted_and_planned_at_its_ceiling():
     data = {"topology": "/t.yaml", "models": [{"name": "m", "source": "/m", "engine": "vllm-gpu",
                                                "autoscaling": {"min_replicas": 1, "max_replicas": 3}}]}
-    with pytest.raises(ConfigError, match=r"models\.0\.autoscaling: not supported together with placement"):
-        parse_cluster_spec(data)
-    del data["topology"]
-    assert parse_cluster_spec(data).models[0].autoscaling is not None
+    spec = parse_cluster_spec(data)
+    assert spec.plans_placement(spec.models[0]) and spec.models[0].replica_ceiling == 3
+    result = plan_model(spec.models[0], load_cluster_file(PAIRS))
+    assert result.feasible and len(result.replicas) == 3
+
+
+def test_an_autoscaling_ceiling_the_topology_cannot_hold_is_a_config_error_naming_the_field(tmp_path):
+    """The fixture holds 4 NVLink pairs (2 nodes x 2): max_replicas 4 of TP=2 fits, 5 does not."""
+    model = ("{name: m, source: /m, engine: sim, sim: {reserve_gpus: true}, parallelism: {tp: 2}, "
+             "autoscaling: {min_replicas: 1, max_replicas: %d}}")
+    assert load_deployable(_config(tmp_path, str(PAIRS), model % 4)).models[0].replica_ceiling == 4
+    with pytest.raises(ConfigError) as err:
+        load_deployable(_config(tmp_path, str(PAIRS), model % 5))
+    message = str(err.value)
+    assert "models.0.autoscaling.max_replicas: model m: no placement for autoscaling.max_replicas=5" in message
+    assert "the free GPUs hold 4" in message
+    assert "autoscaling.max_replicas=4 (4 replica(s) of TP=2 x PP=1 fit)" in message  # the planner's alternative
+    # A fixed count names its own field.
+    with pytest.raises(ConfigError, match=r"models\.0\.replicas: model m: no placement for replicas=5"):
+        load_deployable(_config(tmp_path, str(PAIRS), SIM_TP2.replace("replicas: 2", "replicas: 5")))
+
+
+def test_an_autoscaled_planned_model_gets_one_slot_deployment_per_planned_replica():
+    from hbmserve.deployments.slot_autoscaling import SLOT_POLICY_PATH, slot_autoscaling_configs
+
+    topology = load_cluster_file(PAIRS)
+    model = _model(parallelism={"tp": 2}, autoscaling={"min_replicas": 1, "max_replicas": 3})
+    result = plan_model(model, topology)
+    specs = placed_specs(model, result, topology)
+    scaling = slot_autoscaling_configs(model, len(specs), "engine-m")
+    options = [deployment_options(model, pg, a) for pg, a in zip(specs, scaling)]
+    assert [o["name"] for o in options] == ["engine-m-r0", "engine-m-r1", "engine-m-r2"]
+    assert all("num_replicas" not in o for o in options)
+    assert [(o["autoscaling_config"]["min_replicas"], o["autoscaling_config"]["max_replicas"]) for o in options] \
+        == [(1, 1), (0, 1), (0, 1)]
+    assert {o["autoscaling_config"]["policy"]["policy_function"] for o in options} == {SLOT_POLICY_PATH}
+    # Each slot is pinned to its own planned island, as a fixed planned replica is.
+    islands = [o["placement_group_bundles"][0] for o in options]
+    assert len({next(k for k in b if k.startswith("nvlink_island:")) for b in islands}) == 3
 
 
 def _model(**kw):

@@ -171,11 +171,17 @@ def test_the_policy_publishes_what_it_decided_and_replicas_read_their_role(kv):
     def role(app: str, replica: str) -> ReplicaState:
         me = SimpleNamespace(model=SimpleNamespace(autoscaling=object()),
                              endpoint=SimpleNamespace(app=app, deployment="engine", replica=replica))
+        me._decision_deployment = lambda: EngineReplica._decision_deployment(me)
         return EngineReplica._role(me)
 
     assert role("app", published.active_replicas[0]) is ReplicaState.ACTIVE
     assert role("app", "not-listed") is ReplicaState.STANDBY
     assert role("never-decided", "r1") is ReplicaState.ACTIVE  # before the policy's first decision
+    # A planned replica is one slot deployment of several; its model's one decision names it.
+    from hbmserve.deployments.placed_app import PlacedEngineReplica
+
+    slot = SimpleNamespace(model=SimpleNamespace(name="org/m"), endpoint=SimpleNamespace(deployment="engine-org-m-r1"))
+    assert PlacedEngineReplica._decision_deployment(slot) == "engine-org-m"
 
 
 def test_a_replica_info_reply_is_a_valid_replica_info(monkeypatch):

@@ -77,7 +77,7 @@ def test_plan_models_gives_each_model_gpus_no_earlier_model_holds():
 def test_an_infeasible_plan_fails_the_application_with_the_planners_reason(built, token_file):
     cluster = {"topology": str(PAIRS), "models": [{"name": "big", "source": "/m", "engine": "vllm-gpu",
                                                    "parallelism": {"tp": 4}}]}
-    with pytest.raises(ServeConfigError, match="model big: no placement: .*largest here is 2"):
+    with pytest.raises(ServeConfigError, match="model big: no placement for replicas=1: .*largest here is 2"):
         model_app({"cluster": cluster, "internal_token_file": token_file, "model": "big"})
     assert built == []
 
