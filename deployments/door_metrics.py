@@ -4,8 +4,9 @@ What one front door exports, each family once:
 * the engine families of the replicas on its node (engine_metrics.py), renamed hbmserve_* and
   labelled model and replica; a replica on another node is that node's front door's business,
   so summing any family over the front doors never counts a replica twice;
-* its own: refusals by model, reason and tenant, requests held in its queues, and the hourly
-  price of the replicas on its node;
+* its own: refusals by model, reason and tenant, requests held in its queues, the hourly
+  price of the replicas on its node, and each model's SLO (so a dashboard draws it beside the
+  p95 it bounds; every front door exports it, so take `max`, not `sum`);
 * GPU gauges from NVML where the node has GPUs (gpu_metrics.py), nothing elsewhere.
 The cluster-wide figures the autoscaling policy knows (replicas by role, target, last action)
 are Ray gauges (records_store.DecisionLog), on Ray's metrics port.
@@ -16,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from hbmserve.core.config import SLO
 from hbmserve.deployments.engine_metrics import METRICS_PATH, exposition, parse_engine_text, relabel
 from hbmserve.deployments.replica_middleware import INTERNAL_TOKEN_HEADER
 from hbmserve.deployments.replica_table import KnownReplica, ReplicaTable
@@ -63,7 +65,7 @@ def merge_families(families: Iterable[Metric]) -> list[Metric]:
 
 
 def door_families(refusals: Refusals, queued: dict[str, int], local: Iterable[KnownReplica],
-                  usd_per_replica_hour: dict[str, float | None]) -> list[Metric]:
+                  usd_per_replica_hour: dict[str, float | None], slos: Mapping[str, SLO]) -> list[Metric]:
     """The front door's own families (pure: tests call it with plain data)."""
     refused = CounterMetricFamily("hbmserve_refusals", "Requests a front door answered with an error instead of "
                                   "serving, by OpenAI error code", labels=("model", "reason", "tenant"))
@@ -79,7 +81,12 @@ def door_families(refusals: Refusals, queued: dict[str, int], local: Iterable[Kn
     for model, price in sorted(usd_per_replica_hour.items()):
         if price is not None:
             cost.add_metric((model,), replicas[model] * price)
-    return [refused, held, cost]
+    slo = GaugeMetricFamily("hbmserve_slo_seconds", "The model's latency SLO from the cluster config: p95 "
+                            "time to first token (ttft) and per output token (tpot)", labels=("model", "kind"))
+    for model, s in sorted(slos.items()):
+        slo.add_metric((model, "ttft"), s.ttft_p95_ms / 1000)
+        slo.add_metric((model, "tpot"), s.tpot_p95_ms / 1000)
+    return [refused, held, cost, slo]
 
 
 async def _replica_families(session, r: KnownReplica, token: str) -> list[Metric]:

@@ -122,7 +122,7 @@ class FrontDoor:
     async def _metrics(self) -> bytes:
         local = local_replicas(self.table, self.node_id)
         own = door_families(self.app.refusals, {name: a.queued for name, a in self.admission.items()}, local,
-                            self.prices)
+                            self.prices, {m.name: m.slo for m in self.spec.models})
         return await node_metrics(self.session, self.app.token, local, own,
                                   self.gpus.collect if self.gpus is not None else None)
 

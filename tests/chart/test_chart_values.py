@@ -3,12 +3,13 @@ optional parts render and validate when switched on; every value is documented f
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 import yaml
 
-from tests.chart.chart_support import CHART, DATA, HelmFailed, one, validate
+from tests.chart.chart_support import CHART, DATA, ROOT, HelmFailed, one, validate
 
 
 def test_a_bad_values_file_is_rejected_naming_each_bad_value(helm):
@@ -49,7 +50,6 @@ def test_the_schema_names_the_value_at_fault(helm, values, says):
      "workerGroups[1].name: a is used by another group"),
     ({"workerGroups": [{"name": "a", "topologyNode": "box", "replicas": 1, "minReplicas": 1, "maxReplicas": 4}]},
      "topologyNode box is one machine"),
-    ({"grafanaDashboard": {"enabled": True}}, "no dashboards/hbmserve.json yet"),
     ({"weightCache": {"enabled": True, "type": "persistentVolumeClaim"}},
      "weightCache.persistentVolumeClaim.claimName is required"),
 ])
@@ -77,6 +77,18 @@ def test_ingress_and_service_monitor_render_valid_objects_when_on(helm, schemas)
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= metrics["metadata"]["labels"].items()
     assert metrics["spec"]["clusterIP"] == "None" and metrics["spec"]["ports"][0]["targetPort"] == "metrics"
+    # The front doors' /metrics too, with the admin token from the chart's Secret.
+    assert metrics["spec"]["ports"][1] == {"name": "door-metrics", "port": 8000, "targetPort": "serve", "protocol": "TCP"}
+    doors = monitor["spec"]["endpoints"][1]
+    secret = one(docs, "Secret", "-api-keys")
+    assert doors["port"] == "door-metrics" and doors["path"] == "/metrics"
+    assert doors["authorization"] == {"type": "Bearer", "credentials": {"name": secret["metadata"]["name"],
+                                                                        "key": "admin_token"}}
+    assert "admin_token" in secret["data"]
+    # Without an admin token the doors refuse /metrics: only Ray's port is scraped.
+    no_admin = helm.template(values={"metrics": {"serviceMonitor": {"enabled": True}},
+                                     "auth": {"adminToken": {"enabled": False}}})
+    assert [e["port"] for e in one(no_admin, "ServiceMonitor")["spec"]["endpoints"]] == ["metrics"]
     for doc in docs:
         validate(doc)
 
@@ -120,3 +132,19 @@ def test_every_value_is_documented_for_helm_docs():
     lines = (CHART / "values.yaml").read_text().splitlines()
     assert _undocumented(lines) == []
     assert _undocumented(["a:", "  b: 1", "# -- doc", "c: 2"]) == ["b"]
+
+
+def test_the_grafana_dashboard_is_off_by_default_and_ships_ops_json_when_on(helm, rendered, schemas):
+    """The ConfigMap carries ops/grafana/hbmserve.json byte for byte (the dashboard whose queries
+    test_metrics_live.py runs against a real Prometheus), labelled for Grafana's sidecar."""
+    assert not [d for d in rendered["defaults"] if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-grafana")]
+    docs = helm.template(values={"grafanaDashboard": {"enabled": True, "folder": "LLM serving"}})
+    config_map = one(docs, "ConfigMap", "-grafana")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["annotations"] == {"grafana_folder": "LLM serving"}
+    shipped = ROOT / "ops" / "grafana" / "hbmserve.json"
+    assert config_map["data"]["hbmserve.json"] == shipped.read_text()
+    assert json.loads(config_map["data"]["hbmserve.json"])["uid"] == "hbmserve"
+    validate(config_map)
+    relabelled = helm.template(values={"grafanaDashboard": {"enabled": True, "labels": {"dashboards": "hbm"}}})
+    assert one(relabelled, "ConfigMap", "-grafana")["metadata"]["labels"]["dashboards"] == "hbm"

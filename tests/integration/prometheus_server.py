@@ -37,6 +37,10 @@ class Prometheus:
         r.raise_for_status()
         return [(s["metric"], float(s["value"][1])) for s in r.json()["data"]["result"]]
 
+    def answer(self, expr: str) -> dict:
+        """The API's whole answer at now, an error included (status "error", its errorType and error)."""
+        return httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10).json()
+
     def wait_for(self, expr: str, ok: Callable[[float], bool], timeout_s: float) -> list[tuple[dict, float]]:
         """The query's samples once it returns exactly one that passes `ok` (or the last answer)."""
         deadline = time.monotonic() + timeout_s

@@ -29,7 +29,8 @@ def wire(d: Door) -> None:
 
     async def metrics() -> bytes:
         local = local_replicas(d.table, "n")
-        own = door_families(d.app.refusals, {n: a.queued for n, a in d.admission.items()}, local, prices)
+        own = door_families(d.app.refusals, {n: a.queued for n, a in d.admission.items()}, local, prices,
+                            {m.name: m.slo for m in d.spec.models})
         return await node_metrics(d.session, TOKEN, local, own, None)
 
     d.app.metrics_of = metrics
@@ -84,6 +85,10 @@ def test_metrics_needs_the_admin_token_and_relabels_the_engines_of_the_node():
     assert got[("hbmserve_cost_usd_per_hour", (("model", "m"),))] == 2 * h100
     assert got[("hbmserve_cost_usd_per_hour", (("model", "other"),))] == 0
     assert got[("hbmserve_door_queued_requests", (("model", "m"),))] == 0
+    # Each model's SLO from the config, in seconds, for a dashboard to draw beside its p95.
+    for model in Door().spec.models:
+        assert got[("hbmserve_slo_seconds", (("kind", "ttft"), ("model", model.name)))] == model.slo.ttft_p95_ms / 1e3
+        assert got[("hbmserve_slo_seconds", (("kind", "tpot"), ("model", model.name)))] == model.slo.tpot_p95_ms / 1e3
 
 
 def test_a_replica_of_another_node_is_left_to_that_nodes_front_door():

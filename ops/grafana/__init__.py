@@ -1,0 +1,1 @@
+"""The Grafana dashboard (hbmserve.json) and its queries (queries.py)."""
