@@ -17,27 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hbmserve.core.records import DecisionRecord, PlacementReport, Record
+from hbmserve.core.records import DecisionRecord, PlacementReport, Record, ReplicaRoles
 from hbmserve.placement.topology import ClusterTopology
 
 # Samples kept by each front door: 300 x SAMPLE_S = 10 minutes of history.
 SAMPLE_S = 2.0
 HISTORY = 300
 DECISIONS_SHOWN = 50
-
-
-@dataclass(frozen=True, kw_only=True)
-class RoleCounts(Record):
-    """Replicas of one model by role, as the autoscaler's last decision assigns them."""
-
-    starting: int = 0  # asked of Serve, not yet announced (loading)
-    active: int = 0  # routed to
-    standby: int = 0  # loaded, out of rotation (hot pool)
-    draining: int = 0  # announced but in neither list: being removed, finishing what it has
-
-    @property
-    def total(self) -> int:
-        return self.starting + self.active + self.standby + self.draining
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +72,7 @@ class ModelSample(Record):
     ttft_p95_s: float | None
     tpot_p95_s: float | None
     queue_depth: int  # held at this front door + waiting in the engines' own queues
-    roles: RoleCounts
+    roles: ReplicaRoles
     tokens_per_s: float
     usd_per_hour: float | None
 
@@ -168,19 +154,21 @@ def _role(replica: str, decision: DecisionRecord | None) -> str:
     return "standby" if replica in decision.standby_replicas else "draining"
 
 
-def role_counts(m: ModelInputs) -> RoleCounts:
+def role_counts(m: ModelInputs) -> ReplicaRoles:
     """Roles from the decision's lists; a model with fixed replicas has only active ones and those
     still loading. Starting: replicas Serve was asked for (serve_target) not yet announced."""
     roles = [_role(r.replica, m.decision) for r in m.replicas]
     active, standby = roles.count("active"), roles.count("standby")
     wanted = m.decision.serve_target if m.decision is not None else (m.fixed_replicas or 0)
-    return RoleCounts(starting=max(0, wanted - active - standby), active=active, standby=standby,
+    return ReplicaRoles(starting=max(0, wanted - active - standby), active=active, standby=standby,
                       draining=roles.count("draining"))
 
 
 def model_sample(m: ModelInputs) -> ModelSample:
     roles = role_counts(m)
-    cost = None if m.usd_per_replica_hour is None else roles.total * m.usd_per_replica_hour
+    # Every replica but the warm pool holds its GPUs, starting and draining ones too.
+    billed = roles.starting + roles.active + roles.standby + roles.draining
+    cost = None if m.usd_per_replica_hour is None else billed * m.usd_per_replica_hour
     return ModelSample(model=m.model, ttft_p95_s=m.latency.ttft_p95_s, tpot_p95_s=m.latency.tpot_p95_s,
                        queue_depth=m.held + sum(r.waiting for r in m.replicas), roles=roles,
                        tokens_per_s=m.latency.tokens_per_s, usd_per_hour=cost)

@@ -25,12 +25,12 @@ from importlib import resources
 from typing import Any, Callable
 
 from hbmserve.autoscale.signals import p95
-from hbmserve.core.config import ClusterSpec, ModelSpec
-from hbmserve.core.engine_settings import EngineKind
+from hbmserve.core.config import ClusterSpec
 from hbmserve.core.records import DecisionRecord
 from hbmserve.deployments.dashboard import (HISTORY, ClientLatency, DashboardSample, DashboardSnapshot,
                                             ModelInputs, ReplicaView, build_sample, build_snapshot)
 from hbmserve.deployments.replica_middleware import openai_error, request_lengths
+from hbmserve.deployments.engine_metrics import replica_usd_per_hour
 
 LATENCY_WINDOW_S = 30.0  # p95 over the replies finished in the last 30 s
 RATE_WINDOW_S = 10.0  # tokens/s over a shorter window: the chart should follow a burst
@@ -145,22 +145,6 @@ class SampleRing:
         return tuple(self._samples)
 
 
-def usd_per_replica_hour(model: ModelSpec) -> float | None:
-    """GPUs per replica x the GPU's price (the config's `hardware.usd_per_gpu_hour`, else the
-    capacity catalog's). A simulated engine is priced as the GPU it simulates; None when the
-    catalog does not know the GPU."""
-    from hbmserve.capacity.hardware import CatalogError, get_gpu, load_catalog
-    from hbmserve.capacity.scenario import resolve_gpu_name
-
-    catalog = load_catalog()
-    name = model.sim.gpu if model.engine is EngineKind.SIM else model.hardware.gpu
-    try:
-        gpu = get_gpu(resolve_gpu_name(name, catalog), catalog, model.hardware.usd_per_gpu_hour)
-    except (CatalogError, ValueError):
-        return None
-    return model.parallelism.tp * model.parallelism.pp * gpu.usd_per_gpu_hour
-
-
 def _page_file(name: str) -> bytes:
     return resources.files("hbmserve.deployments").joinpath("dashboard_page", name).read_bytes()
 
@@ -174,7 +158,7 @@ class DashboardFeed:
         self.spec, self.table, self.admission, self.door_of = spec, table, admission, door_of
         self.windows = {m.name: ReplyWindow() for m in spec.models}
         self.ring = SampleRing()
-        self.prices = {m.name: usd_per_replica_hour(m) for m in spec.models}
+        self.prices = {m.name: replica_usd_per_hour(m) for m in spec.models}
         self.topology = _topology(spec)
         self.decisions: dict[str, DecisionRecord | None] = {}
         self.logs: dict[str, tuple[DecisionRecord, ...]] = {}

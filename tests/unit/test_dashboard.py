@@ -13,13 +13,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hbmserve.core.records import CrossedGroup, DecisionRecord, ObservedRank, PlacementReport
+from hbmserve.core.records import CrossedGroup, DecisionRecord, ObservedRank, PlacementReport, ReplicaRoles
 from hbmserve.core.scaling import Tier
 from hbmserve.deployments.dashboard import (DECISIONS_SHOWN, ClientLatency, DashboardSample, ModelInputs, ReplicaView,
-                                            RoleCounts, build_sample, build_snapshot, model_sample, placement_map,
+                                            build_sample, build_snapshot, model_sample, placement_map,
                                             role_counts)
 from hbmserve.deployments.dashboard_feed import (LATENCY_WINDOW_S, RATE_WINDOW_S, ReplyWatch, ReplyWindow,
-                                                 SampleRing, usd_per_replica_hour)
+                                                 SampleRing)
+from hbmserve.deployments.engine_metrics import replica_usd_per_hour
 from hbmserve.placement.cluster_file import load_cluster_file
 
 PAIRS = Path(placement_pkg.__file__).parent / "data" / "cluster_nvlink_pairs_x2.yaml"
@@ -47,9 +48,9 @@ def inputs(model: str = "m", replicas=(), decision_=None, fixed: int | None = No
 def test_roles_follow_the_decision_and_count_what_serve_has_not_announced_yet():
     # a, b active; c standby; d in neither list (being removed); Serve asked for 4 -> one loading.
     m = inputs(replicas=[view("a"), view("b"), view("c"), view("d")], decision_=decision(serve_target=4))
-    assert role_counts(m) == RoleCounts(starting=1, active=2, standby=1, draining=1)
+    assert role_counts(m) == ReplicaRoles(starting=1, active=2, standby=1, draining=1)
     # A fixed count of 3 with two announced: both active, one starting; no decision, no draining.
-    assert role_counts(inputs(replicas=[view("a"), view("b")], fixed=3)) == RoleCounts(starting=1, active=2)
+    assert role_counts(inputs(replicas=[view("a"), view("b")], fixed=3)) == ReplicaRoles(starting=1, active=2)
 
 
 @given(known=st.sets(st.sampled_from("abcdefgh")), active=st.sets(st.sampled_from("abcdefgh")),
@@ -70,7 +71,7 @@ def test_a_sample_sums_the_queues_and_prices_every_replica_that_holds_gpus():
                held=2, latency=latency)
     s = model_sample(m)
     assert s.queue_depth == 2 + 3 + 1
-    assert s.roles.total == 4 and s.usd_per_hour == 4 * 8.0  # starting replicas hold GPUs too
+    assert (s.roles.starting + s.roles.active + s.roles.standby + s.roles.draining) == 4 and s.usd_per_hour == 4 * 8.0  # starting replicas hold GPUs too
     assert (s.ttft_p95_s, s.tpot_p95_s, s.tokens_per_s) == (0.4, 0.02, 120.0)
     assert model_sample(inputs(price=None)).usd_per_hour is None  # unknown GPU: no figure, not $0
 
@@ -84,8 +85,8 @@ def test_the_price_is_gpus_per_replica_times_the_catalog_or_configured_price():
          "sim": {"gpu": "h100-sxm", "model_config_name": "llama-3.1-70b"}},
         {"name": "b", "source": "sim", "engine": "sim", "parallelism": {"tp": 2, "pp": 2},
          "sim": {"gpu": "h100-sxm", "model_config_name": "llama-3.1-70b"}, "hardware": {"usd_per_gpu_hour": 2.5}}]})
-    assert usd_per_replica_hour(spec.models[0]) == pytest.approx(4 * get_gpu("h100-sxm").usd_per_gpu_hour)
-    assert usd_per_replica_hour(spec.models[1]) == pytest.approx(4 * 2.5)
+    assert replica_usd_per_hour(spec.models[0]) == pytest.approx(4 * get_gpu("h100-sxm").usd_per_gpu_hour)
+    assert replica_usd_per_hour(spec.models[1]) == pytest.approx(4 * 2.5)
 
 
 # -- placement map ----------------------------------------------------------------------------
@@ -135,7 +136,7 @@ def test_the_snapshot_merges_the_decision_logs_newest_first_and_round_trips_as_j
     assert [(c.model, c.decision.reason) for c in snap.current] == [("m", "hold")]  # n is not autoscaled
     data = json.loads(snap.to_json())
     assert [s["at"] for s in data["history"]] == [10.0, 12.0]
-    assert data["history"][0]["models"][0]["roles"] == {"starting": 3, "active": 1, "standby": 0, "draining": 0}
+    assert data["history"][0]["models"][0]["roles"] == {"starting": 3, "active": 1, "standby": 0, "draining": 0, "warm": 0}
     assert data["slo"][0] == {"model": "m", "ttft_p95_s": 1.0, "tpot_p95_s": 0.05}
     assert data["decisions"][0]["decision"]["target_standby"] == {"hot": 1}
 

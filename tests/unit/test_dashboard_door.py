@@ -48,7 +48,7 @@ def test_the_page_is_public_its_data_needs_the_admin_token_and_shows_the_traffic
     assert data.status_code == 200 and snap["door"] == "node-1" and snap["auth"] is True
     (sample,) = snap["history"]
     m = next(s for s in sample["models"] if s["model"] == "m")
-    assert m["roles"] == {"starting": 0, "active": 2, "standby": 0, "draining": 0}
+    assert m["roles"] == {"starting": 0, "active": 2, "standby": 0, "draining": 0, "warm": 0}
     assert m["ttft_p95_s"] > 0 and m["tpot_p95_s"] > 0  # six streamed replies timed at the door
     # 12 tokens each by their usage reports, over the rate window.
     from hbmserve.deployments.dashboard_feed import RATE_WINDOW_S
