@@ -59,7 +59,8 @@ class HotStandbySpec(StandbyBounds):
     # Keep the standbys in vLLM's sleep mode (level 1: weights offloaded to host memory, KV
     # freed): HBM is free for other work, but promotion first wakes the engine (the HOT tier's
     # start-up becomes the wake time, capacity/startup_timeline.py). The GPU stays held, so it
-    # bills as a loaded standby does. vLLM-CPU has no sleep mode: refused there.
+    # bills as a loaded standby does. Live: deployments/standby_sleep.py. vLLM-CPU has no sleep
+    # mode: refused there.
     sleep: bool = False
 
 

@@ -88,23 +88,20 @@ class StandbySleep:
         self.sleeping = False
         self.wake_s: float | None = None  # the last wake, seconds from wake_up() called to done
         self.failed: str | None = None  # a wake that failed: the replica is unhealthy
-        self.last: SleepStep | None = None
         self._lock = asyncio.Lock()
 
     async def step(self, role: ReplicaState) -> SleepStep:
+        """Decide for `role` now and do it; one step at a time."""
         async with self._lock:
             decided = sleep_step(role, sleep_enabled=self.enabled, sleeping=self.sleeping,
                                  in_flight=self.in_flight())
             if decided.action is SleepAction.SLEEP:
-                await self._sleep()
+                await self._sleep(decided.reason)
             elif decided.action is SleepAction.WAKE:
-                await self._wake()
-            if self.last is None or decided != self.last:
-                log.info("engine sleep: %s (%s)", decided.action.value, decided.reason)
-            self.last = decided
+                await self._wake(decided.reason)
             return decided
 
-    async def _sleep(self) -> None:
+    async def _sleep(self, why: str) -> None:
         # Closed before the first await: `sleep_step` saw nothing in flight, and from here a new
         # request waits at the gate instead of reaching an engine that is falling asleep.
         self.gate.close()
@@ -116,8 +113,9 @@ class StandbySleep:
             self.gate.open()
             return
         self.sleeping = True
+        log.info("engine asleep: %s", why)
 
-    async def _wake(self) -> None:
+    async def _wake(self, why: str) -> None:
         started = time.monotonic()
         try:
             await self.engine.wake_up()
@@ -129,6 +127,7 @@ class StandbySleep:
         self.wake_s = time.monotonic() - started
         self.sleeping = False
         self.gate.open()
+        log.info("engine awake in %.2f s: %s", self.wake_s, why)
 
     async def run(self, read_role: Callable[[], Awaitable[ReplicaState]], period_s: float = ROLE_POLL_S) -> None:
         """The replica's loop: step every `period_s`, or at once when a request waits while asleep.
