@@ -76,10 +76,13 @@ class VLLMHttpServer:
     # /wake_up routes exist only in its dev mode (VLLM_SERVER_DEV_MODE) and would be one more
     # HTTP hop. The engine was started with --enable-sleep-mode (engine_args.vllm_launch).
     async def sleep(self) -> None:
+        # vLLM's default pause mode aborts what is running; StandbySleep calls this only with
+        # nothing in flight and new requests held at the gate, so nothing is aborted.
         await self.engine_client.sleep(level=1)
 
     async def wake_up(self) -> None:
-        # Whether every allocation is back on the device (vLLM 0.32 returns it; older versions returned None).
+        # True when every allocation is back on the device (the vLLM installed here); None is
+        # taken as awake.
         if await self.engine_client.wake_up() is False:
             raise RuntimeError("vLLM woke only partly: some of its memory is still offloaded")
 
