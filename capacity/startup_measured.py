@@ -114,5 +114,4 @@ def startup_estimate(model: ModelSpec, gpu: GpuProfile,
     if measured is None:
         return None
     inputs = startup_inputs_for(model, gpu, measured)
-    sleeping = model.autoscaling is not None and model.autoscaling.hot_standby.sleep
-    return startup_s(inputs, sleeping=sleeping)
+    return startup_s(inputs, sleeping=model.standbys_sleep)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -248,8 +249,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         table.add_column(col)
     for m in models:
         reps = ", ".join(f"{n} {s.lower()}" for s, n in sorted(m.replicas.items())) or "-"
-        accepted = " / ".join(str(r.accepted) + (" (standby)" if r.role is ReplicaState.STANDBY else "")
-                              for r in m.replica_stats) or "-"
+        accepted = " / ".join(str(r.accepted) + _role_note(r) for r in m.replica_stats) or "-"
         table.add_row(m.name, m.app_status, reps, "\n".join(m.endpoints) or "-", accepted)
     out.print(table if models else "no models deployed")
     out.print(f"Prometheus scrape targets: {', '.join(targets) or '-'}; front doors (/metrics, admin token): "
@@ -270,6 +270,8 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
             out.print(f"[bold]{m.name}[/] weights: {hits} of {len(starts)} replicas started from the node's cache; "
                       f"{len(starts) - hits} fetched from the source (slowest "
                       f"{max(r.weights_s or 0.0 for r in starts):.1f} s)", highlight=False)
+        if any(r.sleeping or r.wake_s is not None for r in m.replica_stats):
+            out.print(f"[bold]{m.name}[/] {_sleep_line(m.replica_stats)}", highlight=False)
         if m.traffic:
             t = m.traffic
             out.print(f"[bold]{m.name}[/] front doors: {sum(x.accepted for x in t)} accepted, "
@@ -283,6 +285,21 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
                 if not p.placement_verified:
                     out.print(f"  [yellow]{p.reason}[/] (expected extra all-reduce "
                               f"{p.expected_extra_allreduce_us} us)", highlight=False)
+
+
+def _role_note(r) -> str:
+    if r.role is not ReplicaState.STANDBY:
+        return ""
+    return " (asleep)" if r.sleeping else " (standby)"
+
+
+def _sleep_line(stats) -> str:
+    """Standbys asleep now and the wakes the replicas measured (the sleeping tier's start-up)."""
+    asleep = sum(1 for r in stats if r.sleeping)
+    wakes = [r.wake_s for r in stats if r.wake_s is not None]
+    wake = (f"last wake {statistics.median(wakes):.2f} s (median of {len(wakes)} replica{'s' * (len(wakes) > 1)})"
+            if wakes else "no wake measured yet")
+    return f"sleep mode: {asleep} standby asleep; {wake}"
 
 
 def _seconds(value: float | None) -> str:

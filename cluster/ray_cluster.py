@@ -240,11 +240,14 @@ class ReplicaStats(Record):
     weights_cached: bool | None = None  # its weights were in the node's cache (None: no weights)
     weights_s: float | None = None  # seconds to make them local
     load_s: float | None = None  # seconds to a loaded engine, a fill from the source left out
+    sleeping: bool = False  # a standby whose engine sleeps (vLLM sleep mode)
+    wake_s: float | None = None  # its last wake, seconds (None: never woken)
 
     @classmethod
     def of(cls, key: str, info: ReplicaInfo) -> ReplicaStats:
         return cls(key, info.url, info.accepted, info.rejected, info.in_flight, info.role, info.placement,
-                   info.prompt_tokens, info.prefix_hit_tokens, info.weights_cached, info.weights_s, info.load_s)
+                   info.prompt_tokens, info.prefix_hit_tokens, info.weights_cached, info.weights_s, info.load_s,
+                   info.sleeping, info.wake_s)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ class HotStandbySpec(StandbyBounds):
     # Keep the standbys in vLLM's sleep mode (level 1: weights offloaded to host memory, KV
     # freed): HBM is free for other work, but promotion first wakes the engine (the HOT tier's
     # start-up becomes the wake time, capacity/startup_timeline.py). The GPU stays held, so it
-    # bills as a loaded standby does. vLLM-CPU has no sleep mode: refused there.
+    # bills as a loaded standby does. Live: deployments/standby_sleep.py. vLLM-CPU has no sleep
+    # mode: refused there.
     sleep: bool = False
 
 
@@ -154,6 +155,12 @@ class ModelSpec(_Strict):
         return self.replicas if self.autoscaling is None else self.autoscaling.max_replicas
 
     @property
+    def standbys_sleep(self) -> bool:
+        """Its hot standbys sleep (vLLM sleep mode, or the simulated engine's model of it;
+        deployments/standby_sleep.py); refused below for vLLM-CPU, which has no sleep mode."""
+        return self.autoscaling is not None and self.autoscaling.hot_standby.sleep
+
+    @property
     def needs_gpus(self) -> bool:
         return self.engine is EngineKind.VLLM_GPU or (self.engine is EngineKind.SIM and self.sim.reserve_gpus)
 
@@ -170,8 +177,7 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _sleep_needs_sleep_mode(self) -> ModelSpec:
-        if self.engine is EngineKind.VLLM_CPU and self.autoscaling is not None \
-                and self.autoscaling.hot_standby.sleep:
+        if self.engine is EngineKind.VLLM_CPU and self.standbys_sleep:
             raise ValueError("autoscaling.hot_standby.sleep needs engine vllm-gpu (or sim): vLLM-CPU has "
                              "no sleep mode; remove it and the standbys stay loaded")
         return self

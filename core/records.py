@@ -220,6 +220,11 @@ class ReplicaInfo(Record):
     slo_ttft_p95_s: float | None = None
     slo_tpot_p95_s: float | None = None
     usd_per_hour: float | None = None
+    # A standby whose engine sleeps (autoscaling.hot_standby.sleep; deployments/standby_sleep.py),
+    # and its last wake in seconds, wake_up() called to done: the sleeping tier's measured
+    # start-up (None: never woken). Added with the live sleep mode.
+    sleeping: bool = False
+    wake_s: float | None = None
 
     @property
     def placement_verified(self) -> bool | None:

@@ -54,6 +54,7 @@ STAT_TTFT_P95_S = "hbm_ttft_p95_s"  # the replica's p95 TTFT over its own recent
 STAT_TPOT_P95_S = "hbm_tpot_p95_s"  # p95 of its streamed requests' time per output token
 STAT_ARRIVAL_RPS = "hbm_arrival_rps"  # requests/s the replica received over the window
 STAT_LOAD_S = "hbm_load_s"  # seconds the replica took from its constructor to a loaded engine
+STAT_WAKE_S = "hbm_wake_s"  # seconds its last wake from sleep mode took (standby_sleep.py); absent: none
 # Mean prompt and output tokens of the requests the replica finished over its window, and how many.
 STAT_PROMPT_TOKENS = "hbm_prompt_tokens_mean"
 STAT_OUTPUT_TOKENS = "hbm_output_tokens_mean"
@@ -75,9 +76,11 @@ REPLICA_STATS_PUSH_S = 1.0
 def autoscaling_stats(*, waiting: int, running: int, kv_usage: float,
                       ttft_samples_s: Iterable[float], tpot_samples_s: Iterable[float],
                       arrival_rps: float, load_s: float,
-                      lengths: tuple[float, float, int] | None = None) -> dict[str, float]:
+                      lengths: tuple[float, float, int] | None = None,
+                      wake_s: float | None = None) -> dict[str, float]:
     """The body of an engine deployment's `record_autoscaling_stats()`. `lengths`: (mean prompt
-    tokens, mean output tokens, requests) of the requests finished over the window."""
+    tokens, mean output tokens, requests) of the requests finished over the window. `wake_s`: the
+    replica's last wake from sleep mode (None: it never woke)."""
     stats = {
         STAT_WAITING: float(waiting),
         STAT_RUNNING: float(running),
@@ -85,6 +88,8 @@ def autoscaling_stats(*, waiting: int, running: int, kv_usage: float,
         STAT_ARRIVAL_RPS: float(arrival_rps),
         STAT_LOAD_S: float(load_s),
     }
+    if wake_s is not None:
+        stats[STAT_WAKE_S] = float(wake_s)
     if lengths is not None and lengths[2] > 0:
         stats.update({STAT_PROMPT_TOKENS: float(lengths[0]), STAT_OUTPUT_TOKENS: float(lengths[1]),
                       STAT_LENGTH_SAMPLES: float(lengths[2])})
@@ -161,19 +166,29 @@ def serve_target(target_active: int, target_standby: dict[Tier, int]) -> int:
     return target_active + target_standby.get(Tier.HOT, 0)
 
 
-def with_measured_startup(config: AutoscaleConfig, ctx: Any) -> AutoscaleConfig:
-    """The config with its warm start-up replaced by what this deployment's replicas measured.
+def with_measured_startup(config: AutoscaleConfig, ctx: Any, promote_s: float | None = None) -> AutoscaleConfig:
+    """The config with its warm (and a sleeping pool's hot) start-up replaced by what this
+    deployment's replicas measured.
 
     A new replica of a running deployment lands on a node that is up, with the weights on its
     disk after the first load: the warm tier. Each replica reports how long its engine took to
     load; the median of the running ones is the policy's warm start-up (kept between the hot
-    and cold figures). Without reports, the configured figure stands.
+    and cold figures). `promote_s`: given for a model whose standbys sleep (the start-up model's
+    promotion, capacity/startup_measured.py); the hot tier is then the median of the wakes the
+    replicas measured plus that promotion (startup_timeline.py: wake, then promotion), in place
+    of the assumed wake, and never above the warm tier. Without reports, the configured figures stand.
     """
-    loads = [v for v in (_latest(ctx, STAT_LOAD_S, rid) for rid in ctx.running_replicas) if v is not None]
-    if not loads:
+    def median_of(stat: str) -> float | None:
+        values = [v for v in (_latest(ctx, stat, rid) for rid in ctx.running_replicas) if v is not None]
+        return statistics.median(values) if values else None
+
+    wake = median_of(STAT_WAKE_S) if promote_s is not None else None
+    load = median_of(STAT_LOAD_S)
+    if wake is None and load is None:
         return config
-    warm = min(max(statistics.median(loads), config.startup_hot_s), config.startup_cold_s)
-    return dataclasses.replace(config, startup_warm_s=warm)
+    hot = config.startup_hot_s if wake is None else wake + promote_s
+    warm = config.startup_warm_s if load is None else min(max(load, hot), config.startup_cold_s)
+    return dataclasses.replace(config, startup_hot_s=min(hot, warm), startup_warm_s=warm)
 
 
 def observed_lengths(ctx: Any) -> LengthStats | None:
@@ -206,15 +221,17 @@ def with_observed_capacity(config: AutoscaleConfig, ctx: Any,
 def decide_from_context(ctx: Any, config: AutoscaleConfig, demand: IngressDemand | None = None,
                         capacity: CapacityTable | None = None,
                         warm_tier: WarmTierRecord | None = None,
-                        slot_of: Mapping[str, int] | None = None) -> tuple[int, dict[str, Any]]:
+                        slot_of: Mapping[str, int] | None = None,
+                        promote_s: float | None = None) -> tuple[int, dict[str, Any]]:
     """The whole translation, context in, Serve's answer out; no logging, no I/O.
 
     `warm_tier`: the warm-tier aggregator's last record (None: none runs, so no warm node is
     kept). `slot_of`: replica id -> planned slot, for a model that runs one deployment per slot
     (slot_autoscaling.py). Serve then stops the replicas in the slots at or above the new
     target (autoscale/slots.py), so the roles are assigned among the others and the leaving
-    ones are out of rotation at once."""
-    config = with_observed_capacity(with_measured_startup(config, ctx), ctx, capacity)
+    ones are out of rotation at once. `promote_s`: a sleeping pool's promotion
+    (`with_measured_startup`)."""
+    config = with_observed_capacity(with_measured_startup(config, ctx, promote_s), ctx, capacity)
     prior_state = ctx.policy_state or {}
     prior = prior_state.get(POLICY_STATE_KEY)
     state = PolicyState.from_dict(prior) if prior else PolicyState()
@@ -272,9 +289,11 @@ def _plan(decision: DecisionRecord) -> tuple:
 class HbmServeAutoscalingPolicy:
     """What `AutoscalingPolicy(policy_function=POLICY_PATH, policy_kwargs=...)` builds."""
 
-    def __init__(self, capacity_by_length: dict[str, Any] | None = None, **config_fields: Any) -> None:
+    def __init__(self, capacity_by_length: dict[str, Any] | None = None, promote_s: float | None = None,
+                 **config_fields: Any) -> None:
         self.config = AutoscaleConfig.from_dict(config_fields)
         self.capacity = CapacityTable.from_dict(capacity_by_length) if capacity_by_length else None
+        self.promote_s = promote_s  # set for a model whose standbys sleep (with_measured_startup)
         self._log = logging.getLogger("ray.serve")
         self._decisions = DecisionLog()
 
@@ -291,7 +310,7 @@ class HbmServeAutoscalingPolicy:
         except RecordError:  # another hbmserve version's aggregator: keep no warm pool, as with none
             warm_tier = None
         target, policy_state = decide_from_context(ctx, self.config, ingress_demand(app, deployment),
-                                                   self.capacity, warm_tier, slot_of)
+                                                   self.capacity, warm_tier, slot_of, self.promote_s)
         decision = decision_in(policy_state)
         try:
             previous = decision_in(ctx.policy_state)
@@ -321,6 +340,22 @@ def live_startup(model: ModelSpec) -> dict[Tier, float] | None:
         return None
 
 
+def live_promote_s(model: ModelSpec) -> float | None:
+    """The start-up model's promotion for a model whose standbys sleep, added to the wakes its
+    replicas measure (`with_measured_startup`); None for any other model, or when the start-up
+    model has nothing for it (the configured hot start-up then stands)."""
+    from hbmserve.capacity.hardware import load_catalog
+    from hbmserve.capacity.scenario import scenario_for
+    from hbmserve.capacity.startup_measured import startup_inputs_for
+
+    if not model.standbys_sleep:
+        return None
+    try:
+        return startup_inputs_for(model, scenario_for(model, load_catalog()).deployment.gpu).promote_s
+    except (ValueError, OSError):  # as live_startup
+        return None
+
+
 def live_capacity(model: ModelSpec) -> tuple[CapacityTable | None, float | None]:
     """The capacity model's replica capacity by request length and TPOT floor for `model`, built
     where the config is (its files are here, not in Serve's controller); (None, None) when the
@@ -338,9 +373,10 @@ def live_capacity(model: ModelSpec) -> tuple[CapacityTable | None, float | None]
     return table, tpot_floor_s(sc)
 
 
-def serve_autoscaling_config(config: AutoscaleConfig,
-                             capacity: CapacityTable | None = None) -> dict[str, Any]:
-    """Kwargs for ray.serve.config.AutoscalingConfig running this policy."""
+def serve_autoscaling_config(config: AutoscaleConfig, capacity: CapacityTable | None = None,
+                             promote_s: float | None = None) -> dict[str, Any]:
+    """Kwargs for ray.serve.config.AutoscalingConfig running this policy. `promote_s`: for a model
+    whose standbys sleep (`live_promote_s`)."""
     return {
         "min_replicas": config.min_replicas,
         # Standbys only fill room under max_replicas (warm_pool.size_pool), so active + hot
@@ -352,5 +388,6 @@ def serve_autoscaling_config(config: AutoscaleConfig,
         "downscale_delay_s": 0.0,
         "downscale_to_zero_delay_s": 0.0,
         "policy": {"policy_function": POLICY_PATH, "policy_kwargs": {
-            **asdict(config), **({"capacity_by_length": capacity.to_dict()} if capacity else {})}},
+            **asdict(config), **({"capacity_by_length": capacity.to_dict()} if capacity else {}),
+            **({"promote_s": promote_s} if promote_s is not None else {})}},
     }

@@ -57,5 +57,8 @@ def vllm_launch(model: ModelSpec, host: str, port: int) -> EngineLaunch:
             args += ["--kv-offloading-size", str(s.kv_offload_gib)]
         if model.parallelism.tp * model.parallelism.pp > 1:
             args += ["--distributed-executor-backend", "ray"]
+        if model.standbys_sleep:
+            # Its standbys sleep (deployments/standby_sleep.py): vLLM must be started able to.
+            args += ["--enable-sleep-mode"]
     return EngineLaunch(cli_args=tuple(args), env=tuple(sorted(env.items())),
                         vllm_args=tuple(s.vllm_args.items()))

@@ -12,6 +12,7 @@ Life of a server, as the replica drives it:
     server = factory(model, host, internal_token)    # cheap: no engine, no socket
     url = await server.start()                       # load the engine, then listen privately
     ... server.engine_stats(), server.counters       # load reports, autoscaling stats, health
+    await server.sleep(); await server.wake_up()     # a standby's sleep mode (standby_sleep.py)
     await server.stop()                              # drain, then free the engine
 
 Everything here is called on the replica's event loop; none of it may block that loop for
@@ -26,6 +27,7 @@ from prometheus_client.metrics_core import Metric
 
 from hbmserve.deployments.replica_middleware import LoadCounters
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
+from hbmserve.deployments.standby_sleep import AwakeGate
 
 
 class EngineServer(Protocol):
@@ -39,6 +41,10 @@ class EngineServer(Protocol):
     listener: AsgiListener
     """The uvicorn listener on the replica's private port (only the front door connects);
     `url` is what the replica announces, `serving` whether it still listens."""
+
+    awake: AwakeGate
+    """Where the middleware holds generation requests while the engine sleeps. Open unless the
+    replica's StandbySleep (standby_sleep.py) closed it; the server only passes it on."""
 
     async def start(self) -> str:
         """Load the engine, then serve its OpenAI-compatible app on a private port.
@@ -71,6 +77,21 @@ class EngineServer(Protocol):
         """The engine's own Prometheus families of engine_metrics.ENGINE_FAMILIES, under vLLM's
         names and labels (model_name, engine): latency histograms, token and preemption
         counters, queue and KV gauges. Served at /hbm/metrics; empty before the engine exists."""
+        ...
+
+    async def sleep(self) -> None:
+        """Put the loaded engine to sleep: weights offloaded to host memory, KV freed (vLLM sleep
+        mode, level 1). Called only with nothing in flight and the `awake` gate closed; the model
+        must ask for it (`autoscaling.hot_standby.sleep`), so the engine was started able to.
+
+        Raises:
+            Whatever the engine raises when it cannot sleep; the standby then stays loaded.
+        """
+        ...
+
+    async def wake_up(self) -> None:
+        """Bring a sleeping engine back: weights to the accelerator, KV re-allocated. Returns when
+        it can serve; the caller then opens the `awake` gate."""
         ...
 
     def healthy(self) -> bool:

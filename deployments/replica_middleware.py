@@ -29,6 +29,7 @@ from hbmserve.core.routing import CHARS_PER_TOKEN
 from hbmserve.routing.admission import AdmissionBudget, Reject, AdmissionLoad, admit
 from hbmserve.deployments.engine_metrics import METRICS_PATH, exposition
 from hbmserve.deployments.replica_http import EngineLoad
+from hbmserve.deployments.standby_sleep import AwakeGate
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -131,13 +132,15 @@ def openai_error(status: int, message: str, err_type: str, code: str, headers: l
 
 class ReplicaMiddleware:
     def __init__(self, app: ASGIApp, budget: AdmissionBudget, internal_token: str, counters: LoadCounters,
-                 engine_stats: Callable[[], EngineLoad], engine_metrics: Callable[[], list[Metric]] = list):
+                 engine_stats: Callable[[], EngineLoad], engine_metrics: Callable[[], list[Metric]] = list,
+                 awake: AwakeGate | None = None):
         self.app = app
         self.budget = budget
         self.token = internal_token.encode()
         self.counters = counters
         self.engine_stats = engine_stats
         self.engine_metrics = engine_metrics
+        self.awake = awake
 
     def _load_report(self) -> LoadReport:
         load, c = self.engine_stats(), self.counters
@@ -205,6 +208,10 @@ class ReplicaMiddleware:
             await send(message)
 
         try:
+            if self.awake is not None:
+                # While the engine sleeps (a standby, or one promoted and waking) the request
+                # waits here, in flight, and its wait counts in its TTFT (standby_sleep.py).
+                await self.awake.pass_through()
             await self.app(scope, counting_receive, counting_send)
         finally:
             c.in_flight -= 1

@@ -26,6 +26,7 @@ from hbmserve.deployments.engine_args import vllm_launch
 from hbmserve.deployments.engine_metrics import TPOT, TTFT, histogram_of, replica_usd_per_hour
 from hbmserve.deployments.engine_server import EngineServer
 from hbmserve.deployments.replica_weights import local_weights
+from hbmserve.deployments.standby_sleep import StandbySleep
 from hbmserve.deployments.records_store import (RENEW_S, info_reply, latest_decision, publish_endpoint,
                                                  remove_endpoint)
 
@@ -101,7 +102,14 @@ class EngineReplica:
                                         node_id=ray.get_runtime_context().get_node_id(), at=time.time(),
                                         placement=self._placement())
         await asyncio.to_thread(publish_endpoint, self.endpoint)
-        self._announce = asyncio.get_running_loop().create_task(self._renew_endpoint())
+        loop = asyncio.get_running_loop()
+        self._announce = loop.create_task(self._renew_endpoint())
+        counters = self.server.counters
+        self.standby_sleep = StandbySleep(self.server, self.server.awake, lambda: counters.in_flight,
+                                          enabled=self.model.standbys_sleep)
+        # Only a model whose standbys sleep follows its role continuously; others read it for info().
+        self._sleep_loop = loop.create_task(self.standby_sleep.run(self._read_role)) \
+            if self.model.standbys_sleep else None
 
     def _placement(self) -> PlacementReport | None:
         """Where this replica's ranks landed against its plan; None unless planned (placed_app.py)."""
@@ -127,7 +135,7 @@ class EngineReplica:
         return autoscaling_stats(waiting=load.waiting, running=load.running, kv_usage=load.kv_usage,
                                  ttft_samples_s=c.ttft_samples(now), tpot_samples_s=c.tpot_samples(now),
                                  arrival_rps=c.arrival_rate(now), load_s=self.load_s,
-                                 lengths=c.length_means(now))
+                                 lengths=c.length_means(now), wake_s=self.standby_sleep.wake_s)
 
     def _role(self) -> ReplicaState:
         if self.model.autoscaling is None:
@@ -136,6 +144,9 @@ class EngineReplica:
         if decision is None or self.endpoint.replica in decision.active_replicas:
             return ReplicaState.ACTIVE
         return ReplicaState.STANDBY
+
+    async def _read_role(self) -> ReplicaState:
+        return await asyncio.to_thread(self._role)  # a Ray KV read: off the event loop
 
     def _decision_deployment(self) -> str:
         """Where the policy publishes the decision that names this replica's role."""
@@ -170,22 +181,28 @@ class EngineReplica:
             slo_ttft_p95_s=self.model.slo.ttft_p95_ms / 1e3,
             slo_tpot_p95_s=self.model.slo.tpot_p95_ms / 1e3,
             usd_per_hour=self.usd_per_hour,
+            sleeping=self.standby_sleep.sleeping,
+            wake_s=self.standby_sleep.wake_s,
         )
 
     async def info(self) -> dict:
         """A ReplicaInfo as plain data (records_store.read_replica_info types it again)."""
-        role = await asyncio.to_thread(self._role)  # a Ray KV read: off the event loop
-        return info_reply(self._replica_info(role))
+        return info_reply(self._replica_info(await self._read_role()))
 
     async def check_health(self) -> None:
         if not self.server.healthy():
             raise RuntimeError(f"engine for {self.model.name} is not serving")
+        if self.standby_sleep.failed:
+            raise RuntimeError(f"engine for {self.model.name}: {self.standby_sleep.failed}")
 
     async def __del__(self) -> None:
         self._announce.cancel()
         # Withdraw first, so the front doors stop routing here while in-flight requests drain.
         await asyncio.to_thread(remove_endpoint, self.endpoint)
+        # The sleep loop runs on through the drain: a request held while asleep still wakes it.
         await self.server.stop()
+        if self._sleep_loop is not None:
+            self._sleep_loop.cancel()
         if self.weights:
             self.weights.resolved.release()
 
@@ -194,10 +211,6 @@ def unsupported_engines(spec: ClusterSpec) -> list[str]:
     problems = [f"models.{i}.engine: '{m.engine.value}' is not available in this build (have: "
                 f"{', '.join(k.value for k in ENGINE_SERVERS)})"
                 for i, m in enumerate(spec.models) if m.engine not in ENGINE_SERVERS]
-    problems += [f"models.{i}.autoscaling.hot_standby.sleep: the simulator and the policy cost a sleeping "
-                 "standby, but no live replica is put to sleep yet (vLLM sleep mode is not driven); "
-                 "deploy without it and the standbys stay loaded"
-                 for i, m in enumerate(spec.models) if m.autoscaling and m.autoscaling.hot_standby.sleep]
     return problems + _sim_scenario_problems(spec)
 
 
@@ -250,7 +263,8 @@ def replica_shape(model: ModelSpec) -> tuple[dict[str, float], ...]:
 def scaling_options(model: ModelSpec) -> dict:
     """Fixed `replicas`, or Serve autoscaling driven by hbmserve's policy (autoscale/)."""
     from hbmserve.autoscale.config import autoscale_config_for
-    from hbmserve.deployments.autoscaling import live_capacity, live_startup, serve_autoscaling_config
+    from hbmserve.deployments.autoscaling import (live_capacity, live_promote_s, live_startup,
+                                                  serve_autoscaling_config)
 
     if model.autoscaling is None:
         return {"num_replicas": model.replicas}
@@ -258,7 +272,8 @@ def scaling_options(model: ModelSpec) -> dict:
     config = autoscale_config_for(model, tpot_floor_s=floor, estimated_startup_s=live_startup(model))
     assert config is not None
     reestimate = model.autoscaling.reestimate_capacity
-    return {"autoscaling_config": serve_autoscaling_config(config, table if reestimate else None)}
+    return {"autoscaling_config": serve_autoscaling_config(config, table if reestimate else None,
+                                                           live_promote_s(model))}
 
 
 def engine_deployment_name(model: ModelSpec | str) -> str:

@@ -17,6 +17,7 @@ Prompts given as token ids are not hashed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -31,6 +32,7 @@ from hbmserve.routing.admission import AdmissionBudget
 from hbmserve.deployments.replica_middleware import LoadCounters, ReplicaMiddleware
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
 from hbmserve.deployments.sim_metrics import RequestTimer, SimEngineMetrics
+from hbmserve.deployments.standby_sleep import AwakeGate
 from hbmserve.deployments.sim_protocol import (BYTES_PER_TOKEN, ChatRequest, CompletionRequest, GenerationPlan,
                                                Rejection, chat_prompt, completion_prompt, error_body, filler_text,
                                                plan_generation, token_text, usage)
@@ -216,6 +218,21 @@ async def _stream(reply: _Reply, first: int, tokens: AsyncIterator[int], include
         await tokens.aclose()
 
 
+def sim_wake_s(model: ModelSpec, gpu) -> float:
+    """Seconds a sleeping simulated replica takes to wake: the start-up timeline's wake (its
+    weights back over `gpu`'s host link, capacity/startup_timeline.py), `sim.speedup` times
+    faster like everything the simulated engine does; 0 without start-up measurements."""
+    from hbmserve.capacity.startup_measured import startup_inputs_for
+    from hbmserve.capacity.startup_timeline import Phase, StartKind, timeline
+
+    try:
+        inputs = startup_inputs_for(model, gpu)
+    except ValueError as err:
+        log.warning("no wake time for the simulated %s (%s): it wakes at once", model.name, err)
+        return 0.0
+    return timeline(StartKind.SLEEPING, inputs).seconds(Phase.ENGINE_LOADED) / model.sim.speedup
+
+
 class SimHttpServer:
     """A replica's simulated engine and its HTTP server; the engine is built in `start()`.
     An `EngineServer` (engine_server.py documents each method)."""
@@ -230,6 +247,8 @@ class SimHttpServer:
         self.metrics = SimEngineMetrics(model.name, self._gauges)
         self.url: str | None = None
         self.listener = AsgiListener()
+        self.awake = AwakeGate()
+        self.wake_delay_s = 0.0  # set in start() for a model whose standbys sleep
 
     async def start(self) -> str:
         from hbmserve.capacity.hardware import load_catalog
@@ -237,6 +256,8 @@ class SimHttpServer:
         from hbmserve.capacity.sim_engine import SimEngine
 
         sc = scenario_for(self.model, load_catalog())
+        if self.model.standbys_sleep:
+            self.wake_delay_s = sim_wake_s(self.model, sc.deployment.gpu)
         # One hash per ingress block (64 characters, about 16 tokens), so cache hits line up.
         engine_cfg = replace(sc.engine, hash_block_tokens=DEFAULT_BLOCK_CHARS // BYTES_PER_TOKEN)
         self.engine = SimEngine(sc.deployment, engine_cfg, speedup=self.model.sim.speedup,
@@ -247,7 +268,7 @@ class SimHttpServer:
         app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len, self.metrics)
         try:
             asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats,
-                                     self.engine_metrics)
+                                     self.engine_metrics, self.awake)
             self.url = await self.listener.serve(asgi, self.host)
         except BaseException:
             await self.engine.shutdown()
@@ -260,6 +281,14 @@ class SimHttpServer:
         await self.listener.stop()
         if self.engine is not None:
             await self.engine.shutdown()
+
+    # A simulated sleep frees nothing (there is no HBM): what it models is the wake, which takes
+    # the start-up timeline's wake for the GPU the engine pretends to be (sim_wake_s).
+    async def sleep(self) -> None:
+        pass
+
+    async def wake_up(self) -> None:
+        await asyncio.sleep(self.wake_delay_s)
 
     def engine_stats(self) -> EngineLoad:
         if self.engine is None:

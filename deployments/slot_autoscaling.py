@@ -43,8 +43,8 @@ from hbmserve.autoscale.config import autoscale_config_for
 from hbmserve.autoscale.slots import slot_min_replicas, slot_targets
 from hbmserve.core.config import ModelSpec
 from hbmserve.core.records import SlotStats
-from hbmserve.deployments.autoscaling import (HbmServeAutoscalingPolicy, replica_key, live_capacity,
-                                              serve_autoscaling_config)
+from hbmserve.deployments.autoscaling import (HbmServeAutoscalingPolicy, live_capacity, live_promote_s,
+                                              replica_key, serve_autoscaling_config)
 from hbmserve.deployments.records_store import latest_decision, publish_slot_stats, slot_stats
 
 SLOT_POLICY_PATH = "hbmserve.deployments.slot_autoscaling:SlotAutoscalingPolicy"
@@ -149,7 +149,8 @@ def slot_autoscaling_configs(model: ModelSpec, slots: int, model_deployment: str
     table, floor = live_capacity(model)
     config = autoscale_config_for(model, tpot_floor_s=floor)
     assert config is not None, "only an autoscaled model has slots"
-    base = serve_autoscaling_config(config, table if model.autoscaling.reestimate_capacity else None)
+    base = serve_autoscaling_config(config, table if model.autoscaling.reestimate_capacity else None,
+                                    live_promote_s(model))
     leader = base["policy"]["policy_kwargs"]
     return [{**base, "min_replicas": slot_min_replicas(config.min_replicas, k), "max_replicas": 1,
              "policy": {"policy_function": SLOT_POLICY_PATH,

@@ -23,6 +23,7 @@ from hbmserve.deployments.engine_metrics import engine_families
 from hbmserve.deployments.vllm_argv import parse_launch
 from hbmserve.deployments.replica_middleware import LoadCounters, ReplicaMiddleware
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
+from hbmserve.deployments.standby_sleep import AwakeGate
 
 log = logging.getLogger("hbmserve.replica")
 
@@ -40,6 +41,7 @@ class VLLMHttpServer:
         self.url: str | None = None
         self._stack = AsyncExitStack()
         self.listener = AsgiListener()
+        self.awake = AwakeGate()
 
     async def start(self) -> str:
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -58,7 +60,7 @@ class VLLMHttpServer:
             # Listen only once the engine is loaded: the URL is announced to the front door
             # as soon as this returns, and traffic may follow at once.
             asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats,
-                                     self.engine_metrics)
+                                     self.engine_metrics, self.awake)
             self.url = await self.listener.serve(asgi, args.host)
         except BaseException:
             await self._stack.aclose()
@@ -69,6 +71,20 @@ class VLLMHttpServer:
     async def stop(self) -> None:
         await self.listener.stop()
         await self._stack.aclose()
+
+    # Sleep mode through the engine client the replica holds, in process: vLLM's /sleep and
+    # /wake_up routes exist only in its dev mode (VLLM_SERVER_DEV_MODE) and would be one more
+    # HTTP hop. The engine was started with --enable-sleep-mode (engine_args.vllm_launch).
+    async def sleep(self) -> None:
+        # vLLM's default pause mode aborts what is running; StandbySleep calls this only with
+        # nothing in flight and new requests held at the gate, so nothing is aborted.
+        await self.engine_client.sleep(level=1)
+
+    async def wake_up(self) -> None:
+        # True when every allocation is back on the device (the vLLM installed here); None is
+        # taken as awake.
+        if await self.engine_client.wake_up() is False:
+            raise RuntimeError("vLLM woke only partly: some of its memory is still offloaded")
 
     def engine_stats(self) -> EngineLoad:
         """The engine's own queue, KV and prefix-cache figures, read from vLLM's in-process

@@ -116,6 +116,29 @@ def test_warm_start_up_is_what_the_replicas_measured():
     assert sa.with_measured_startup(cfg, ctx).startup_warm_s == 180.0
 
 
+def test_a_sleeping_pool_takes_its_hot_start_up_from_the_wakes_the_replicas_measured():
+    cfg = AutoscaleConfig(startup_hot_s=3.0, startup_warm_s=45.0, startup_cold_s=180.0)
+    ctx = context()
+    r1, r2 = ctx.running_replicas
+    ctx.raw_metrics[sa.STAT_WAKE_S] = {r1: series((NOW - 5, 1.5)), r2: series((NOW - 5, 2.5))}
+    # Not a sleeping pool (no promotion given): a wake reported anyway changes nothing.
+    assert sa.with_measured_startup(cfg, ctx) == cfg
+    measured = sa.with_measured_startup(cfg, ctx, promote_s=0.4)
+    assert measured.startup_hot_s == pytest.approx(2.0 + 0.4)  # median wake, then the promotion
+    assert (measured.startup_warm_s, measured.startup_cold_s) == (45.0, 180.0)
+    _, state = sa.decide_from_context(ctx, cfg, promote_s=0.4)
+    assert sa.decision_in(state).startup_s[Tier.HOT] == pytest.approx(2.4)
+    # A load measured faster than the wake: the tiers stay ordered (warm kept at hot, hot <= warm).
+    ctx.raw_metrics[sa.STAT_LOAD_S] = {r1: series((NOW - 5, 1.0))}
+    slow = sa.with_measured_startup(cfg, ctx, promote_s=0.4)
+    assert slow.startup_hot_s == slow.startup_warm_s == pytest.approx(2.4)
+    stats = sa.autoscaling_stats(waiting=0, running=0, kv_usage=0.0, ttft_samples_s=[], tpot_samples_s=[],
+                                 arrival_rps=0.0, load_s=1.0, wake_s=1.75)
+    assert stats[sa.STAT_WAKE_S] == 1.75
+    assert sa.STAT_WAKE_S not in sa.autoscaling_stats(waiting=0, running=0, kv_usage=0.0, ttft_samples_s=[],
+                                                      tpot_samples_s=[], arrival_rps=0.0, load_s=1.0)
+
+
 def test_roles_travel_in_policy_state_and_the_decision_record():
     # Scale-up wanted with a standby available: the standby is promoted in the same decision.
     cfg = AutoscaleConfig(upscale_delay_s=0.0, hot_standby_max=0)

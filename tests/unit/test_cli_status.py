@@ -36,7 +36,8 @@ def models() -> list[rc.ModelStatus]:
     return [rc.ModelStatus(
         name="sleepy", app_status="RUNNING", replicas={"RUNNING": 2}, endpoints=(URL,), message="",
         replica_stats=(rc.ReplicaStats("aaaaaaaa:11", URL, 7, 0, 1, ReplicaState.ACTIVE, crossed),
-                       rc.ReplicaStats("bbbbbbbb:12", URL, 0, 0, 0, ReplicaState.STANDBY)),
+                       rc.ReplicaStats("bbbbbbbb:12", URL, 0, 0, 0, ReplicaState.STANDBY, sleeping=True,
+                                       wake_s=1.75)),
         autoscale=decision,
         traffic=(ModelTraffic(model="sleepy", accepted=3, rejected=1, in_flight=2, queued=1, routable=1),
                  ModelTraffic(model="sleepy", accepted=4, rejected=0, in_flight=0, queued=0, routable=1)),
@@ -75,10 +76,10 @@ def test_status_json_keeps_its_shape(cli):
                            "observed": [{"rank": 0, "node": "pairs-a", "gpu": 0},
                                         {"rank": 1, "node": "pairs-a", "gpu": 2}]},
              "prompt_tokens": 0, "prefix_hit_tokens": 0, "weights_cached": None, "weights_s": None,
-             "load_s": None},
+             "load_s": None, "sleeping": False, "wake_s": None},
             {"replica": "bbbbbbbb:12", "url": URL, "accepted": 0, "rejected": 0, "in_flight": 0, "role": "standby",
              "placement": None, "prompt_tokens": 0, "prefix_hit_tokens": 0, "weights_cached": None,
-             "weights_s": None, "load_s": None}],
+             "weights_s": None, "load_s": None, "sleeping": True, "wake_s": 1.75}],
         "autoscale": {"at": 12.5, "target_active": 1, "target_standby": {"hot": 1}, "active_replicas": ["r-a"],
                       "standby_replicas": ["r-b"], "held_at_ingress": 0, "refused_rps_at_ingress": 0.0,
                       "startup_s": {"hot": 1.0, "warm": 3.2, "cold": 9.0}, "reason": "steady; 1 hot standby",
@@ -104,7 +105,8 @@ def test_status_text_is_printed_from_typed_fields(cli):
     assert "sleepy front doors: 7 accepted, 1 refused, 1 queued now; replicas reached: 1 / 1" in text
     assert "placement verified on 0/1 replicas" in text
     assert "stage 0 TP group crossed an island (expected extra all-reduce 7.5 us)" in text
-    assert "7 / 0 (standby)" in text
+    assert "7 / 0 (asleep)" in text
+    assert "sleepy sleep mode: 1 standby asleep; last wake 1.75 s (median of 1 replica)" in text
     assert ("sleepy p95 TTFT 250ms / SLO 2.00s ok, TPOT 150ms / SLO 100ms over (40 requests since the replicas "
             "started); replicas 1 active, 1 standby, 1 starting, 0 draining, 2 warm; $6.00/hour") in text
     assert "front doors (/metrics, admin token): 127.0.0.1:41234" in text

@@ -24,6 +24,7 @@ from hbmserve.deployments.replica_middleware import LoadCounters
 from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
 from hbmserve.deployments.serve_app import ENGINE_SERVERS
 from hbmserve.deployments.sim_server import SimHttpServer
+from hbmserve.deployments.standby_sleep import AwakeGate
 from hbmserve.deployments.vllm_server import VLLMHttpServer
 
 
@@ -72,8 +73,10 @@ def vllm_model() -> ModelSpec:
 
 
 def test_the_protocol_covers_what_the_replica_uses():
-    assert set(protocol_methods(EngineServer)) == {"start", "stop", "engine_stats", "engine_metrics", "healthy"}
-    assert protocol_attributes(EngineServer) == {"counters": LoadCounters, "listener": AsgiListener}
+    assert set(protocol_methods(EngineServer)) == {"start", "stop", "sleep", "wake_up", "engine_stats",
+                                                   "engine_metrics", "healthy"}
+    assert protocol_attributes(EngineServer) == {"counters": LoadCounters, "listener": AsgiListener,
+                                                 "awake": AwakeGate}
 
 
 @pytest.mark.parametrize("cls, model", [(VLLMHttpServer, vllm_model), (SimHttpServer, sim_model)],
@@ -96,12 +99,18 @@ def test_every_registered_engine_builds_a_conforming_server():
 
 class _Good:
     def __init__(self):
-        self.counters, self.listener = LoadCounters(), AsgiListener()
+        self.counters, self.listener, self.awake = LoadCounters(), AsgiListener(), AwakeGate()
 
     async def start(self) -> str:
         return ""
 
     async def stop(self) -> None:
+        pass
+
+    async def sleep(self) -> None:
+        pass
+
+    async def wake_up(self) -> None:
         pass
 
     def engine_stats(self) -> EngineLoad:

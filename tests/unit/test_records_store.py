@@ -191,6 +191,7 @@ def test_a_replica_info_reply_is_a_valid_replica_info(monkeypatch):
     from hbmserve.core.config import ModelSpec
     from hbmserve.deployments.placed_app import PlacedEngineReplica
     from hbmserve.deployments.serve_app import ENGINE_SERVERS, EngineReplica
+    from hbmserve.deployments.standby_sleep import StandbySleep
 
     monkeypatch.setattr(serve, "get_replica_context",
                         lambda: SimpleNamespace(replica_id=SimpleNamespace(unique_id="abc")))
@@ -210,13 +211,14 @@ def test_a_replica_info_reply_is_a_valid_replica_info(monkeypatch):
     endpoint = ReplicaEndpoint(app="m", deployment="engine-m", replica="abc", model="m",
                                url="http://127.0.0.1:40001", node_id="n" * 56, at=0.0)
     attrs = dict(model=model, load_s=2.5, server=server, url=endpoint.url, endpoint=endpoint, weights=None,
-                 usd_per_hour=4.0)
+                 usd_per_hour=4.0, standby_sleep=StandbySleep(server, server.awake, lambda: 0, enabled=False))
     info = store.read_replica_info(asyncio.run(built(EngineReplica, **attrs).info()))
     assert (info.replica, info.role, info.load_s, info.placement) == ("abc", ReplicaState.ACTIVE, 2.5, None)
     assert info.node_id == "n" * 56 and info.url == endpoint.url and info.healthy is False
     assert (info.weights_s, info.weights_cached) == (None, None)  # the simulated engine has no weights
     assert (info.slo_ttft_p95_s, info.slo_tpot_p95_s, info.usd_per_hour) == (2.0, 0.1, 4.0)
     assert info.ttft_histogram is not None and info.ttft_histogram.count == 0  # no request yet
+    assert (info.sleeping, info.wake_s) == (False, None)  # never asleep, never woken
 
     # A planned replica reports the same record plus its placement check.
     report = PlacementReport(replica=0, placement_verified=True, reason="as planned", crossed=(),

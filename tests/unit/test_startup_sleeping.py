@@ -1,5 +1,5 @@
 """Measured start-up figures into the policy's `startup_s`, and the sleeping hot standby: the
-config, the policy's start-up, the simulator's promotion and bill, the live refusal."""
+config, the policy's start-up, the simulator's promotion and bill, the live policy's wake."""
 
 from __future__ import annotations
 
@@ -94,13 +94,29 @@ def test_vllm_cpu_refuses_a_sleeping_standby():
     assert parse_cluster_spec(spec).models[0].autoscaling.hot_standby.sleep
 
 
-def test_no_live_replica_sleeps_yet_so_deploy_refuses_it():
-    from hbmserve.deployments.serve_app import unsupported_engines
+def test_a_sleeping_pool_plans_with_the_wakes_its_replicas_measure():
+    """The live policy of a model whose standbys sleep gets the start-up model's promotion, and
+    replaces the assumed wake with the median of what its replicas measured."""
+    import json
+
+    from hbmserve.deployments import autoscaling as sa
+    from hbmserve.deployments.serve_app import scaling_options
 
     spec = parse_cluster_spec({"name": "c", "models": [
         {"name": "m", "source": "/x", "engine": "vllm-gpu", "hardware": {"gpu": "h100-sxm"},
-         "autoscaling": {"hot_standby": {"max": 1, "sleep": True}}}]})
-    assert any("hot_standby.sleep" in p and "stay loaded" in p for p in unsupported_engines(spec))
+         "autoscaling": {"max_replicas": 3, "hot_standby": {"max": 1, "sleep": True}}}]})
+    (m,) = spec.models
+    kwargs = scaling_options(m)["autoscaling_config"]["policy"]["policy_kwargs"]
+    gpu_inputs = startup_inputs_for(m, get_gpu("h100-sxm"))
+    assert kwargs["promote_s"] == pytest.approx(gpu_inputs.promote_s)
+    policy = sa.HbmServeAutoscalingPolicy(**json.loads(json.dumps(kwargs)))  # as Serve hands them over
+    assert policy.promote_s == pytest.approx(gpu_inputs.promote_s)
+    # Planned (assumed) hot tier: the wake then the promotion.
+    assert policy.config.startup_hot_s == pytest.approx(gpu_inputs.wake_s() + gpu_inputs.promote_s)
+    # A model whose standbys stay loaded has no wake to measure.
+    loaded = m.model_copy(update={"autoscaling": m.autoscaling.model_copy(update={
+        "hot_standby": m.autoscaling.hot_standby.model_copy(update={"sleep": False})})})
+    assert "promote_s" not in scaling_options(loaded)["autoscaling_config"]["policy"]["policy_kwargs"]
 
 
 def _promotion(hot_s: float) -> tuple[float, float]:
