@@ -99,12 +99,12 @@ def closed_loop(dep: Deployment, cfg: EngineConfig, concurrency: int, num_reques
     return out
 
 
-def _with_params(p: GpuProfile, x: Sequence[float]) -> GpuProfile:
+def with_params(p: GpuProfile, x: Sequence[float]) -> GpuProfile:
     step, per_seq, req, ef, eb = (math.exp(v) for v in x)
     return p.with_overheads(step, per_seq, req).with_efficiency(min(ef, 1.0), min(eb, 1.0))
 
 
-def _params_of(p: GpuProfile) -> list[float]:
+def params_of(p: GpuProfile) -> list[float]:
     o, e = p.overheads, p.efficiency
     return [math.log(max(v, 1e-7)) for v in (o.step_s, o.per_seq_s, o.request_s, e.flops, e.hbm_bw)]
 
@@ -178,10 +178,10 @@ def fit_profile(profile: GpuProfile, model: ModelShape, cfg: EngineConfig, point
     before = predict(profile, model, cfg, points, tp)
 
     def loss(x: list[float]) -> float:
-        return _loss(points, predict(_with_params(profile, x), model, cfg, points, tp))
+        return _loss(points, predict(with_params(profile, x), model, cfg, points, tp))
 
-    x, _, evals = nelder_mead(loss, _params_of(profile), max_evals=max_evals)
-    fitted = _with_params(profile, x)
+    x, _, evals = nelder_mead(loss, params_of(profile), max_evals=max_evals)
+    fitted = with_params(profile, x)
     after = predict(fitted, model, cfg, points, tp)
     rows = tuple({"concurrency": pt.concurrency, "metric": m, "measured": v, "before": b[m], "after": a[m]}
                  for pt, b, a in zip(points, before, after, strict=True) for m, v in pt.measured().items() if m in a)

@@ -133,6 +133,8 @@ def bench_cmd(
     slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", help="per-request TPOT target")] = None,
     predict: Annotated[Optional[Path], typer.Option("--predict", help="cluster YAML: simulate the same requests "
                                                     "and compare")] = None,
+    catalog: Annotated[Optional[Path], typer.Option("--catalog", help="--predict with this hardware catalog "
+                                                    "(e.g. one ops/bench/calibrate_serving.py fitted)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write throughput, TTFT and CDFs as PNG")] = None,
     client: Annotated[str, typer.Option("--client", help="auto (vLLM's request function if installed, else "
@@ -158,17 +160,23 @@ def bench_cmd(
         raise _fail("--duration, --time-scale and --request-timeout must be > 0")
     if concurrency is not None and concurrency < 1:
         raise _fail("--concurrency must be >= 1")
+    if catalog is not None and predict is None:
+        raise _fail("--catalog is for --predict: give --predict CONFIG too")
     if prompt_format not in PROMPT_FORMATS:
         raise _fail(f"--prompt-format {prompt_format!r}: expected one of {', '.join(PROMPT_FORMATS)}")
     try:
         endpoint = Endpoint(completions_url(url), model, api_key or os.environ.get("OPENAI_API_KEY") or None,
                             _headers(header or []))
-        config_model = None
+        config_model = profiles = None
         if predict is not None:
             from hbmserve.core.config import load_cluster_spec
             from hbmserve.ops.bench_predict import model_for
 
             config_model = model_for(load_cluster_spec(predict), model, str(predict))
+            if catalog is not None:
+                from hbmserve.capacity.hardware import load_catalog
+
+                profiles = load_catalog(catalog)
         slo = _slo(slo_ttft_ms, slo_tpot_ms, config_model)
         arrivals = None
         if concurrency is None:
@@ -201,7 +209,7 @@ def bench_cmd(
         from dataclasses import asdict
 
         save_records.write_text("".join(json.dumps(asdict(r)) + "\n" for r in records))
-    out = _report(records, slo, config_model, used, endpoint, modes[0].removeprefix("--"), load, plot)
+    out = _report(records, slo, config_model, used, endpoint, modes[0].removeprefix("--"), load, plot, profiles)
     if json_out:
         typer.echo(json.dumps(out))
     else:
@@ -212,7 +220,8 @@ def bench_cmd(
 
 
 def _report(records: list, slo: Any, config_model: Any, client: Any, endpoint: Any, mode: str, load: str,
-            plot: Optional[Path]) -> dict[str, Any]:
+            plot: Optional[Path], profiles: Any = None) -> dict[str, Any]:
+    """`profiles`: the --catalog the prediction uses (None: the shipped one)."""
     from hbmserve.ops.bench_figures import compare, figures_of
     from hbmserve.ops.loadgen import arrivals_of
 
@@ -221,7 +230,7 @@ def _report(records: list, slo: Any, config_model: Any, client: Any, endpoint: A
     if config_model is not None and records:
         from hbmserve.ops.bench_predict import predict
 
-        prediction = predict(config_model, arrivals_of(records), slo)
+        prediction = predict(config_model, arrivals_of(records), slo, profiles)
         comparison = compare(measured, prediction.figures)
     if plot is not None:
         from hbmserve.ops.bench_plot import Timings, plot_bench

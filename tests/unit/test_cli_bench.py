@@ -158,6 +158,7 @@ def test_a_429_with_retry_after_is_counted_by_its_status(door, client):
     (["--rate", "1", "--concurrency", "2"], "give exactly one of"),
     (["--model", "nope"], "--model 'nope' is not served"),
     (["--api-key", "wrong-key-0123456789"], "refused the credentials (HTTP 401)"),
+    (["--catalog", "fitted.yaml"], "--catalog is for --predict"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(door, args, message):
     url, _, _ = door
@@ -168,6 +169,34 @@ def test_bad_input_is_one_clear_line_and_exit_2(door, args, message):
     assert r.exit_code == 2, r.output
     assert r.output.startswith("error: ") and r.output.count("\n") == 1, r.output
     assert message in r.output and "wrong-key" not in r.output
+
+
+def test_a_profile_fitted_to_saved_runs_predicts_with_bench_catalog(door, tmp_path):
+    # The user's path: save two runs' records, fit on one, hold the other out, then predict a
+    # run with the fitted catalog. The fit can only lower the error on what it was fitted to.
+    from hbmserve.ops.bench import calibrate_serving
+
+    url, cfg, _ = door
+    for rate in ("6", "12"):
+        r = bench("--url", url, "--model", "m", "--rate", rate, "--duration", "1", "--prompt-tokens", "100",
+                  "--output-tokens", "16", "--api-key", KEY, "--save-records", str(tmp_path / f"r{rate}.jsonl"))
+        assert r.exit_code == 0, r.output
+    report, fitted = tmp_path / "fit.json", tmp_path / "fitted.yaml"
+    assert calibrate_serving.main(["--config", str(cfg), "--fit-on", "r6", "--max-evals", "12", "--catalog-out",
+                                   str(fitted), "--out", str(report), str(tmp_path / "r6.jsonl"),
+                                   str(tmp_path / "r12.jsonl")]) == 0
+    out = json.loads(report.read_text())
+    rows = {row["run"]: row for row in out["rows"]}
+    assert not rows["r6"]["held_out"] and rows["r12"]["held_out"]
+    assert rows["r6"]["mape_after_pct"] <= rows["r6"]["mape_before_pct"] + 1e-9
+    assert out["mape_held_out_pct"] == rows["r12"]["mape_after_pct"]
+    r = bench("--url", url, "--model", "m", "--rate", "6", "--duration", "1", "--prompt-tokens", "100",
+              "--output-tokens", "16", "--api-key", KEY, "--predict", str(cfg), "--catalog", str(fitted), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["predicted"]["sent"] >= 1
+    r = bench("--url", url, "--model", "m", "--rate", "1", "--duration", "1", "--api-key", KEY,
+              "--predict", str(cfg), "--catalog", str(tmp_path / "missing.yaml"))
+    assert r.exit_code == 2 and "hardware catalog not found" in r.output
 
 
 # ---- a server that fails the way networks and engines do ----------------------------------------
