@@ -79,7 +79,9 @@ def take(bucket: Bucket | None, capacity_per_minute: int | None, cost: float, no
     if cost <= have + cap * _SLACK:
         updated_at = now if bucket is None else max(now, bucket.updated_at)
         return Allowed(f"{cost:g} of {have:.0f} {what} left"), Bucket(max(0.0, have - cost), updated_at)
-    retry_after_s = max(1, math.ceil((cost - have) * 60 / cap))
+    # The same slack as the admission check above: without it, float error in an exact whole
+    # second (78.8 tokens at 197/min is 24.000000000000004 s) asked the client to wait a second more.
+    retry_after_s = max(1, math.ceil((cost - have - cap * _SLACK) * 60 / cap))
     return Limited(f"Rate limit reached for {what} per minute: limit {cap}, available {math.floor(have)}, "
                    f"requested {cost:g}. Please try again in {retry_after_s}s.", retry_after_s), bucket
 
