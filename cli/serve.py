@@ -156,16 +156,17 @@ def _serve_until_stopped() -> str | None:
     from hbmserve.cluster import ray_cluster as rc
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Ctrl-C sets the event like SIGTERM rather than raising KeyboardInterrupt: raised inside a
+    # Ray call (the watch below asks Serve's controller every WATCH_S) it can be swallowed there,
+    # and `up` then kept serving (seen once in CI under load).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     out.print("serving; press Ctrl-C to stop", style="dim")
     gone = None
-    try:
-        while not stop.wait(WATCH_S):
-            gone = rc.deployment_gone()
-            if gone:
-                break
-    except KeyboardInterrupt:
-        pass
+    while not stop.wait(WATCH_S):
+        gone = rc.deployment_gone()
+        if gone:
+            break
     if gone:
         err.print(f"[yellow]{gone}[/]; exiting", highlight=False)
     return gone
