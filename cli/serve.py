@@ -131,17 +131,30 @@ def up(
         rc.connect(None)
     except rc.ClusterError as e:
         raise _fail(str(e)) from None
+    # Ctrl-C while deploying still raises KeyboardInterrupt to abort the deploy, and is also
+    # remembered: raised inside a Ray call it can be swallowed there, and `up` must then stop
+    # rather than go on serving (seen in CI: a Ctrl-C as the front door came up was lost).
+    interrupted = threading.Event()
+
+    def on_ctrl_c(*_) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_ctrl_c)
     try:
         endpoints = _deploy(spec)
+        if interrupted.is_set():
+            raise KeyboardInterrupt
     except KeyboardInterrupt:  # Ctrl-C while deploying: undo what was started
         err.print("[yellow]interrupted while deploying[/]")
         _shut_down(own_head, gone=None)
         raise typer.Exit(130) from None
+    signal.signal(signal.SIGINT, lambda *_: interrupted.set())  # from here on: stop serving
     dashboard = f"http://127.0.0.1:{spec.serve.dashboard_port}" if own_head else None
     _print_endpoints(spec, endpoints, dashboard)
     if detach:
         return
-    _shut_down(own_head, _serve_until_stopped())
+    _shut_down(own_head, _serve_until_stopped(interrupted))
 
 
 # How often `up` checks that its cluster and deployment still exist, and how long it waits for
@@ -150,12 +163,11 @@ WATCH_S = 2.0
 CLEANUP_S = 120.0
 
 
-def _serve_until_stopped() -> str | None:
-    """Serve until Ctrl-C or SIGTERM (returns None), or until the cluster or the deployment goes
-    away, e.g. another terminal ran `hbmserve down` (returns why)."""
+def _serve_until_stopped(stop: threading.Event) -> str | None:
+    """Serve until Ctrl-C or SIGTERM (returns None; `stop` may be set already), or until the
+    cluster or the deployment goes away, e.g. another terminal ran `hbmserve down` (returns why)."""
     from hbmserve.cluster import ray_cluster as rc
 
-    stop = threading.Event()
     # Ctrl-C sets the event like SIGTERM rather than raising KeyboardInterrupt: raised inside a
     # Ray call (the watch below asks Serve's controller every WATCH_S) it can be swallowed there,
     # and `up` then kept serving (seen once in CI under load).
