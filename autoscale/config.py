@@ -1,7 +1,7 @@
 """One autoscaling config, built in one place: a model's config-file section -> AutoscaleConfig.
 
 Every entry point that runs a policy hands `decide` what this returns for the same model: the
-live Ray Serve adapter (deployments/serve_app.py), `hbmserve simulate --policy`, `hbmserve
+live Ray Serve adapter (apps/model_app.py), `hbmserve simulate --policy`, `hbmserve
 autoscale evaluate` and the baselines derived from it (registry.py), and `hbmserve plan`'s
 suggested autoscaling section (tests/unit/test_autoscale_config.py proves they agree).
 

@@ -7,7 +7,7 @@ the model (autoscale/config.py, the one builder), so runs compare like for like:
     decision, state = entry.decide(snapshot, config, state)
 
 The oracle is the exception: it is `clairvoyant`, planned from the whole trace and the
-simulator by its driver (sim/oracle.py), so its config is a schedule, not derived here.
+simulator by its driver (sim/oracle_search.py), so its config is a schedule, not derived here.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def queue_threshold_config(config: AutoscaleConfig,
 
 def oracle_config(config: AutoscaleConfig, peak_rps: float | None = None) -> OracleConfig:
     raise ValueError("the oracle's config is a schedule planned from the whole trace by its "
-                     "driver (sim/oracle.py plan_oracle), not derived from a config")
+                     "driver (sim/oracle_search.py plan_oracle), not derived from a config")
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class PolicyEntry:
     # (hbmserve's AutoscaleConfig for the model, the trace's peak rps or None) -> this policy's config
     make_config: Callable[[AutoscaleConfig, float | None], Any]
     initial_state: Callable[[], Any]
-    # True: the policy is planned from the whole trace by the driver (sim/oracle.py), which
+    # True: the policy is planned from the whole trace by the driver (sim/oracle_search.py), which
     # builds its config; make_config is not called.
     clairvoyant: bool = False
 

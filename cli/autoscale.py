@@ -34,7 +34,7 @@ def _fail(msg: str) -> typer.Exit:
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    from hbmserve.capacity.arrivals import TraceError
+    from hbmserve.traces.arrivals import TraceError
     from hbmserve.capacity.engine_core import EngineConfigError
     from hbmserve.capacity.hardware import CatalogError
     from hbmserve.capacity.model_shape import ModelConfigError
@@ -81,7 +81,7 @@ def evaluate_cmd(
 
     from hbmserve.autoscale.registry import POLICIES
     from hbmserve.core.scaling import Tier
-    from hbmserve.capacity.arrivals import read_trace
+    from hbmserve.traces.arrivals import read_trace
 
     from hbmserve.cli.capacity import slo_check_for, warn_slo
     from hbmserve.sim.evaluate import TraceScaling, eval_config, evaluate, load_eval_cluster, scale_trace
@@ -126,7 +126,7 @@ def evaluate_cmd(
     else:
         _print_table(results, settings, len(arr), arr.duration_s, oracle)
     if oracle is not None:
-        from hbmserve.sim.oracle import undercut_oracle
+        from hbmserve.sim.oracle_search import undercut_oracle
 
         for name in undercut_oracle(results, oracle):
             typer.echo(f"warning: {name} reaches the oracle's SLO attainment with fewer GPU-hours: "
@@ -196,8 +196,8 @@ def burst_trace_cmd(
     prompt_tokens: Annotated[float, typer.Option("--prompt-tokens", help="mean")] = 1000.0,
     output_tokens: Annotated[float, typer.Option("--output-tokens", help="mean")] = 200.0,
 ) -> None:
-    """Write a synthetic trace with sharp bursts (see capacity/burst_trace.py)."""
-    from hbmserve.capacity.burst_trace import BurstSpec, burst_arrivals
+    """Write a synthetic trace with sharp bursts (see traces/burst_trace.py)."""
+    from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals
 
     try:
         spec = BurstSpec(duration_s=duration, base_rps=base_rps, burst_rps=burst_rps,
@@ -218,8 +218,8 @@ def code_trace_cmd(
     prompt_tokens: Annotated[float, typer.Option("--prompt-tokens", help="mean")] = 2000.0,
     output_tokens: Annotated[float, typer.Option("--output-tokens", help="mean")] = 32.0,
 ) -> None:
-    """Write a synthetic prompt-heavy (code completion) trace (see capacity/code_trace.py)."""
-    from hbmserve.capacity.code_trace import CodeTraceSpec, code_arrivals
+    """Write a synthetic prompt-heavy (code completion) trace (see traces/code_trace.py)."""
+    from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals
 
     try:
         spec = CodeTraceSpec(duration_s=duration, base_rps=base_rps, peak_rps=peak_rps,

@@ -34,7 +34,7 @@ def _fail(msg: str) -> typer.Exit:
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    from hbmserve.capacity.arrivals import TraceError
+    from hbmserve.traces.arrivals import TraceError
     from hbmserve.capacity.engine_core import EngineConfigError
     from hbmserve.capacity.hardware import CatalogError
     from hbmserve.capacity.model_shape import ModelConfigError
@@ -147,7 +147,7 @@ def bench_cmd(
                                                          "record (times, tokens, error) as JSON lines")] = None,
 ) -> None:
     """Benchmark an OpenAI-compatible endpoint: TTFT, TPOT, ITL, E2E, throughput, goodput, errors."""
-    from hbmserve.capacity.arrivals import length_stream
+    from hbmserve.traces.arrivals import length_stream
     from hbmserve.ops.bench_clients import Endpoint, check_endpoint, completions_url
     from hbmserve.ops.loadgen import PROMPT_FORMATS, LoadSpec
 

@@ -25,7 +25,7 @@ def _fail(msg: str) -> typer.Exit:
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    from hbmserve.capacity.arrivals import TraceError
+    from hbmserve.traces.arrivals import TraceError
     from hbmserve.capacity.engine_core import EngineConfigError
     from hbmserve.capacity.hardware import CatalogError
     from hbmserve.capacity.model_shape import ModelConfigError
@@ -40,7 +40,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 def arrivals_for(trace: Optional[Path], rate: Optional[float], duration: float, prompt: float, output: float,
                  burstiness: float, seed: int, time_scale: float):
     """A trace file (stretched by time_scale), or synthetic gamma arrivals at `rate`."""
-    from hbmserve.capacity.arrivals import gamma_arrivals, read_trace
+    from hbmserve.traces.arrivals import gamma_arrivals, read_trace
 
     if trace is not None:
         arr = read_trace(trace)
@@ -211,7 +211,7 @@ def slo_check_for(sc: Any, arr: Any, max_replicas: int | None) -> Any:
     one request at a time when the replica count is the user's to choose (capacity/slo_cap.py)."""
     from hbmserve.capacity.scenario import scenario_slo_check
     from hbmserve.capacity.slo_cap import LIGHT_RPS
-    from hbmserve.sim.planner import workload_of
+    from hbmserve.sim.workload import workload_of
 
     w = workload_of(arr)
     return scenario_slo_check(sc, w, w.peak_rps / max_replicas if max_replicas else LIGHT_RPS)
@@ -282,7 +282,7 @@ def plan_cmd(
     from hbmserve.sim.cluster_sim import SLOSpec
     from hbmserve.capacity.hardware import load_catalog
     from hbmserve.capacity.model_shape import load_model_shape
-    from hbmserve.sim.planner import SearchSpace, plan
+    from hbmserve.planning.planner import SearchSpace, plan
     from hbmserve.capacity.scenario import resolve_gpu_name
 
     if (rate is None) == (trace is None):
@@ -313,7 +313,7 @@ def plan_cmd(
                       confirm_top=confirm_top, sim_arrivals=sim_arr,
                       progress=lambda d, t, label: bar.update(task, completed=d, total=t, description=label))
     if plot is not None and result.plans:
-        from hbmserve.sim.plots import plot_frontier
+        from hbmserve.planning.plots import plot_frontier
 
         plot_frontier(result.plans, plot, slo.ttft_s, slo.tpot_s, f"{shape.name}: cost vs latency")
     if json_out:
@@ -378,7 +378,7 @@ def _print_plans(result: Any, top: int, model_name: str) -> None:
     if not result.feasible and result.plans and result.plans[0].status != "candidate":
         c.print(f"[red]blocked:[/] {result.plans[0].reason}")
     if result.plans:
-        from hbmserve.sim.planner import AUTOSCALING_KEYS
+        from hbmserve.planning.planner import AUTOSCALING_KEYS
 
         first = result.plans[0]
         section = first.autoscaling().model_dump(include=AUTOSCALING_KEYS)

@@ -40,7 +40,7 @@ def _load_file(path: Path, node: Optional[str] = None) -> ClusterTopology:
 
 
 def _discover_local(node: str, domain: Optional[str], rack: Optional[str]) -> ClusterTopology:
-    from hbmserve.placement.nvml_discovery import discover_node, load_pynvml
+    from hbmserve.placement_io.nvml_discovery import discover_node, load_pynvml
     from hbmserve.placement.topology import ClusterTopology
 
     try:
@@ -126,8 +126,8 @@ def plan_command(
 ) -> None:
     """Plan TP/PP/replica placement; exit 0 when it fits, 3 when it does not."""
     from hbmserve.cli.placement_render import print_plan
-    from hbmserve.placement.plan_types import PlacementRequest
-    from hbmserve.placement.planner import plan
+    from hbmserve.placement.placement_types import PlacementRequest
+    from hbmserve.placement.placer import plan
 
     topo = _load_file(topology_file)
     request = PlacementRequest(

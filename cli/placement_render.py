@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hbmserve.placement.plan_types import PlacementPlan
+from hbmserve.placement.placement_types import PlacementPlan
 from hbmserve.placement.topology import ClusterTopology, NodeTopology
 
 

@@ -9,7 +9,7 @@ import typer
 import yaml
 
 from hbmserve.cli.serve import _load
-from hbmserve.deployments.serve_config import DEFAULT_INTERNAL_TOKEN_FILE, serve_config
+from hbmserve.apps.declarative import DEFAULT_INTERNAL_TOKEN_FILE, serve_config
 
 
 def serve_config_command(

@@ -68,7 +68,7 @@ def _topology_problems(spec: ClusterSpec) -> list[str]:
         topology = load_cluster_file(spec.topology)
     except TopologyFileError as err:
         return [f"topology: {err}"]
-    from hbmserve.deployments.placed_app import infeasible_message, plan_models, replica_count_field
+    from hbmserve.apps.placed_app import infeasible_message, plan_models, replica_count_field
 
     plans = plan_models(spec, topology)
     return [f"models.{i}.{replica_count_field(m)}: {infeasible_message(m, plans[m.name])}"
@@ -83,8 +83,8 @@ def vllm_problems(spec: ClusterSpec) -> list[str]:
     models = [(i, m) for i, m in enumerate(spec.models) if m.engine in _VLLM_ENGINES]
     if not models:
         return []
-    from hbmserve.deployments.engine_args import vllm_launch
-    from hbmserve.deployments.vllm_argv import launch_problems, serve_parser
+    from hbmserve.replica.engine_args import vllm_launch
+    from hbmserve.replica.vllm_argv import launch_problems, serve_parser
 
     try:
         parser = serve_parser()

@@ -96,7 +96,7 @@ def deployment_gone() -> str | None:
     import ray
     from ray import serve
 
-    from hbmserve.deployments.front_door import APP_NAME
+    from hbmserve.wire.names import FRONT_DOOR_APP
 
     address = ray.get_runtime_context().gcs_address
     if not _port_open(address):
@@ -105,7 +105,7 @@ def deployment_gone() -> str | None:
         apps = serve.status().applications
     except Exception as err:  # noqa: BLE001 - Serve's controller is gone: nothing serves any more
         return f"Serve was shut down on the cluster (by `hbmserve down`?): {type(err).__name__}"
-    return None if APP_NAME in apps else "the deployment was removed (by `hbmserve down`?)"
+    return None if FRONT_DOOR_APP in apps else "the deployment was removed (by `hbmserve down`?)"
 
 
 def disconnect() -> None:
@@ -123,9 +123,10 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
     import ray
     from ray import serve
 
-    from hbmserve.deployments.front_door import APP_NAME, build_front_door_app
-    from hbmserve.deployments.front_door_access import AccessConfigError, load_key_ring
-    from hbmserve.deployments.serve_app import build_model_app, unsupported_engines
+    from hbmserve.apps.service_apps import build_front_door_app
+    from hbmserve.wire.names import FRONT_DOOR_APP
+    from hbmserve.ingress.front_door_access import AccessConfigError, load_key_ring
+    from hbmserve.apps.model_app import build_model_app, unsupported_engines
 
     problems = unsupported_engines(spec)
     if problems:
@@ -135,13 +136,13 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
     except AccessConfigError as err:
         raise ClusterError(f"cannot deploy: {err}") from None
     plans = _placement_plans(spec)  # before Serve starts: an infeasible plan deploys nothing
-    # No Serve proxy: the front door carries the bytes (deployments/front_door.py says why).
+    # No Serve proxy: the front door carries the bytes (ingress/front_door.py says why).
     serve.start(proxy_location="Disabled", http_options={"host": spec.serve.http.host})
     # Proves the front door to the replicas; new per deploy, so every app deployed now uses it.
     token = secrets.token_urlsafe(32)
     for m in spec.models:
         if m.name in plans:
-            from hbmserve.deployments.placed_app import build_placed_app
+            from hbmserve.apps.placed_app import build_placed_app
 
             result, topology = plans[m.name]
             app = build_placed_app(spec.serve.http.host, token, m, result, topology, spec.cache)
@@ -154,7 +155,7 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
     _deploy_warm_tier(spec)
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
     try:
-        handle = serve.run(build_front_door_app(spec, token, nodes), name=APP_NAME, route_prefix=None)
+        handle = serve.run(build_front_door_app(spec, token, nodes), name=FRONT_DOOR_APP, route_prefix=None)
     except RuntimeError as err:
         raise ClusterError(f"the front door failed to start: {err}") from None
     with _closing(handle):
@@ -163,15 +164,17 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
 
 
 def _deploy_warm_tier(spec: ClusterSpec) -> None:
-    """The warm-tier aggregator (deployments/warm_tier.py), when some model keeps a warm pool."""
+    """The warm-tier aggregator (control/warm_tier.py), when some model keeps a warm pool."""
     from ray import serve
 
-    from hbmserve.deployments.warm_tier import APP_NAME, build_warm_tier_app, wants_warm_tier
+    from hbmserve.apps.service_apps import build_warm_tier_app
+    from hbmserve.control.warm_tier import wants_warm_tier
+    from hbmserve.wire.names import WARM_TIER_APP
 
     if not wants_warm_tier(spec):
         return
     try:
-        serve.run(build_warm_tier_app(spec), name=APP_NAME, route_prefix=None, blocking=False)
+        serve.run(build_warm_tier_app(spec), name=WARM_TIER_APP, route_prefix=None, blocking=False)
     except RuntimeError as err:
         raise ClusterError(f"the warm tier failed to start: {err}") from None
 
@@ -181,7 +184,7 @@ def _wait_serving(spec: ClusterSpec, handle, timeout_s: float) -> str:
     returns its URL. A model whose deployment failed is a ClusterError with Serve's message."""
     from ray import serve
 
-    from hbmserve.deployments.records_store import read_ingress_info
+    from hbmserve.wire.records_store import read_ingress_info
 
     must = {m.name for m in spec.models if (m.replicas if m.autoscaling is None else m.autoscaling.min_replicas) > 0}
     deadline = time.monotonic() + timeout_s
@@ -210,7 +213,7 @@ def _placement_plans(spec: ClusterSpec) -> dict:
     """
     if not any(spec.plans_placement(m) and m.replica_ceiling > 0 for m in spec.models):
         return {}
-    from hbmserve.deployments.placed_app import infeasible_message, plan_models
+    from hbmserve.apps.placed_app import infeasible_message, plan_models
     from hbmserve.placement.cluster_file import TopologyFileError, load_cluster_file
 
     try:
@@ -281,7 +284,7 @@ def _closing(handle):
 def _probe_replicas(handle, running: int, rounds: int = 5) -> dict[str, ReplicaInfo]:
     """Each running replica's `info()`, keyed by node:pid. A handle routes each call to some
     replica, the less busy of two; calls sent together spread out, so a few rounds find all."""
-    from hbmserve.deployments.records_store import read_replica_info
+    from hbmserve.wire.records_store import read_replica_info
 
     seen: dict[str, ReplicaInfo] = {}
     for _ in range(rounds):
@@ -306,14 +309,14 @@ def front_doors() -> list[IngressInfo]:
     times: a handle picks a replica per call."""
     from ray import serve
 
-    from hbmserve.deployments.front_door import APP_NAME
-    from hbmserve.deployments.records_store import read_ingress_info
+    from hbmserve.wire.names import FRONT_DOOR_APP, FRONT_DOOR_DEPLOYMENT
+    from hbmserve.wire.records_store import read_ingress_info
 
-    app = serve.status().applications.get(APP_NAME)
+    app = serve.status().applications.get(FRONT_DOOR_APP)
     running = sum(d.replica_states.get("RUNNING", 0) for d in app.deployments.values()) if app else 0
     seen: dict[str, IngressInfo] = {}
     if running:
-        with _closing(serve.get_deployment_handle("frontdoor", app_name=APP_NAME)) as handle:
+        with _closing(serve.get_deployment_handle(FRONT_DOOR_DEPLOYMENT, app_name=FRONT_DOOR_APP)) as handle:
             for _ in range(5):
                 for response in [handle.info.remote() for _ in range(2 * running)]:
                     info = read_ingress_info(response.result(timeout_s=10))
@@ -328,10 +331,10 @@ def _status() -> list[ModelStatus]:
 
     from ray import serve
 
-    from hbmserve.deployments.front_door import APP_NAME
-    from hbmserve.deployments.records_store import latest_decision
-    from hbmserve.deployments.serve_app import engine_deployment_name
-    from hbmserve.deployments.warm_tier import APP_NAME as WARM_TIER_APP
+    from hbmserve.wire.names import FRONT_DOOR_APP
+    from hbmserve.wire.records_store import latest_decision
+    from hbmserve.wire.names import engine_deployment_name
+    from hbmserve.wire.names import WARM_TIER_APP
 
     # The handle's router warns each time a busy replica answers its queue-length probe late
     # (routinely, with tens of replicas on two cores); status only reads counters.
@@ -341,11 +344,11 @@ def _status() -> list[ModelStatus]:
     endpoints = tuple(sorted({d.url for d in doors}))
     out = []
     for name, app in serve.status().applications.items():
-        if name in (APP_NAME, WARM_TIER_APP):  # no model: the front door, the warm tier
+        if name in (FRONT_DOOR_APP, WARM_TIER_APP):  # no model: the front door, the warm tier
             continue
         replicas: dict[str, int] = {}
         seen: dict[str, ReplicaInfo] = {}
-        # A planned model has a deployment per replica (deployments/placed_app.py): probe each.
+        # A planned model has a deployment per replica (apps/placed_app.py): probe each.
         for dep_name, dep in app.deployments.items():
             states = {str(getattr(state, "value", state)): n for state, n in dep.replica_states.items()}
             for state, n in states.items():
@@ -370,7 +373,7 @@ def _status() -> list[ModelStatus]:
 def warm_tier() -> WarmTierRecord | None:
     """What the warm-tier aggregator asked of the node autoscaler and prefetched; None when none
     runs. A malformed record is a ClusterError naming it."""
-    from hbmserve.deployments.records_store import latest_warm_tier
+    from hbmserve.wire.records_store import latest_warm_tier
 
     try:
         return latest_warm_tier()

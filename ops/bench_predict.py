@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hbmserve.capacity.arrivals import Arrivals
+from hbmserve.traces.arrivals import Arrivals
 from hbmserve.capacity.hardware import GpuProfile, load_catalog
 from hbmserve.capacity.scenario import scenario_for
 from hbmserve.core.config import ClusterSpec, ConfigError, ModelSpec

@@ -1,5 +1,5 @@
 """A local OpenAI endpoint of simulated engines, without Ray: the front door's app and hardened
-HTTP server (deployments/front_door_app.py, hardened_http.py) in front of `SimHttpServer`
+HTTP server (ingress/front_door_app.py, hardened_http.py) in front of `SimHttpServer`
 replicas, `replicas` of each `engine: sim` model of a config, on one event loop.
 
 For trying `hbmserve bench` on a laptop and for its tests; `hbmserve up` is the real thing
@@ -21,13 +21,14 @@ import secrets
 from hbmserve.core.config import ClusterSpec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.records import ReplicaEndpoint
-from hbmserve.deployments.front_door_access import AccessGuard, load_key_ring
-from hbmserve.deployments.front_door_app import BodyLimits, FrontDoorApp
-from hbmserve.deployments.front_door_queue import ModelAdmission
-from hbmserve.deployments.hardened_http import HardenedServer, HttpLimits, listen_socket
-from hbmserve.deployments.replica_table import POLL_S, ReplicaTable
-from hbmserve.deployments.serve_app import engine_deployment_name, replica_budget
-from hbmserve.deployments.sim_server import SimHttpServer
+from hbmserve.ingress.front_door_access import AccessGuard, load_key_ring
+from hbmserve.ingress.front_door_app import BodyLimits, FrontDoorApp
+from hbmserve.ingress.front_door_queue import ModelAdmission
+from hbmserve.ingress.hardened_http import HardenedServer, HttpLimits, listen_socket
+from hbmserve.ingress.replica_table import POLL_S, ReplicaTable
+from hbmserve.wire.names import engine_deployment_name
+from hbmserve.replica.engine_replica import replica_budget
+from hbmserve.replica.sim_server import SimHttpServer
 
 
 class SimDoor:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from hbmserve.placement.plan_types import PlacementPlan, PlacementRequest
-from hbmserve.placement.slots import ring_cost
+from hbmserve.placement.placement_types import PlacementPlan, PlacementRequest
+from hbmserve.placement.tp_groups import ring_cost
 from hbmserve.placement.topology import ClusterTopology, GpuRef
 
 

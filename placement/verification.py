@@ -13,8 +13,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from hbmserve.placement.plan_types import PlacementPlan, StagePlacement
-from hbmserve.placement.slots import ring_cost
+from hbmserve.placement.placement_types import PlacementPlan, StagePlacement
+from hbmserve.placement.tp_groups import ring_cost
 from hbmserve.placement.topology import ClusterTopology, GpuRef
 
 

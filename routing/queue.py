@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hbmserve.routing.admission import Admit, Reject
+from hbmserve.routing.replica_cap import Admit, Reject
 
 QUEUE_FULL = "queue_full"
 SLO_UNREACHABLE = "slo_unreachable"

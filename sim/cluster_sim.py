@@ -31,7 +31,7 @@ from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, 
 from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest
 from hbmserve.routing.choose import choose
 
-from hbmserve.capacity.arrivals import Arrivals
+from hbmserve.traces.arrivals import Arrivals
 from hbmserve.capacity.engine_core import EngineConfig, EngineCore, Plan, SimRequest
 from hbmserve.capacity.perf_model import Deployment, StepCostModel, cost_model
 from hbmserve.capacity.scenario import Scenario

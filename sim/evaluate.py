@@ -26,7 +26,7 @@ wasted start. `dropped_requests` is every request that never finished (rejected 
 e.g. longer than max_model_len, or still unfinished when the simulation ends).
 
 The oracle (the registry's `clairvoyant` entry) is planned from the whole trace by
-sim/oracle.py and replayed like any policy; the reports give every policy's GPU-hours over its.
+sim/oracle_search.py and replayed like any policy; the reports give every policy's GPU-hours over its.
 
 `evaluate` is pure apart from CPU time; `load_eval_cluster` is the one function that reads files.
 """
@@ -45,7 +45,7 @@ import numpy as np
 from hbmserve.autoscale.config import autoscale_config_for
 from hbmserve.autoscale.policy import AutoscaleConfig
 from hbmserve.autoscale.registry import POLICIES, PolicyEntry
-from hbmserve.capacity.arrivals import Arrivals
+from hbmserve.traces.arrivals import Arrivals
 from hbmserve.capacity.scenario import Scenario, tpot_floor_s
 from hbmserve.capacity.startup_measured import startup_estimate
 from hbmserve.core.config import ModelSpec, TierStartup
@@ -159,7 +159,7 @@ def estimate_capacity_rps(sc: Scenario, arr: Arrivals, model_name: str) -> float
     """Requests/s one replica of `sc` sustains at its SLO for the request lengths of `arr`."""
     from hbmserve.capacity.perf_model import cost_model
     from hbmserve.capacity.plan_analytic import EngineKnobs, capacity_rps
-    from hbmserve.sim.planner import workload_of
+    from hbmserve.sim.workload import workload_of
 
     e = sc.engine
     knobs = EngineKnobs(e.max_num_seqs, e.max_num_batched_tokens, e.enable_chunked_prefill,
@@ -260,13 +260,13 @@ def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals,
     """Run the registered policy `policy` over `arr` on `cluster` (config: eval_config(cluster,
     arr)). `entry` replaces the registry's, e.g. a baseline with another config mapping; the
     result is still labelled `policy`. A clairvoyant entry (the oracle) is planned from the
-    whole trace first (sim/oracle.py)."""
+    whole trace first (sim/oracle_search.py)."""
     entry = entry or POLICIES.get(policy)
     if entry is None:
         raise EvalError(f"--policy {policy!r}: not one of {', '.join(POLICIES)}")
     config = config or eval_config(cluster, arr)
     if entry.clairvoyant:
-        from hbmserve.sim.oracle import plan_oracle
+        from hbmserve.sim.oracle_search import plan_oracle
 
         return plan_oracle(cluster, arr, config, label=policy, entry=entry).result
     return run_policy(policy, entry, entry.make_config(config, arr.rate_peak()), cluster, arr,

@@ -2,7 +2,7 @@
 
 Each scenario deploys a sequence of models (smaller "sidecar" deployments first, as on a shared
 cluster) with both policies:
-- planner: `hbmserve.placement.planner.plan`, GPUs of earlier deployments passed as `in_use`;
+- planner: `hbmserve.placement.placer.plan`, GPUs of earlier deployments passed as `in_use`;
 - PACK: fill nodes in cluster order, GPUs in index order, ignoring islands
   (`hbmserve.placement.pack_baseline.pack_groups`).
 For every TP group of size > 1 it scores whether the group crosses an NVLink island or a node
@@ -25,8 +25,8 @@ import hbmserve.placement as placement_pkg
 from hbmserve.placement.cluster_file import load_cluster_file
 from hbmserve.placement.link_model import DEFAULT_ALLREDUCE_BYTES
 from hbmserve.placement.pack_baseline import GroupOutcome, pack_groups, plan_groups, score_groups
-from hbmserve.placement.plan_types import PlacementRequest
-from hbmserve.placement.planner import plan
+from hbmserve.placement.placement_types import PlacementRequest
+from hbmserve.placement.placer import plan
 from hbmserve.placement.topology import ClusterTopology, GpuRef
 
 DATA = Path(placement_pkg.__file__).parent / "data"

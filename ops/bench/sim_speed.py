@@ -19,13 +19,13 @@ import statistics
 import time
 from pathlib import Path
 
-from hbmserve.capacity.arrivals import read_trace
+from hbmserve.traces.arrivals import read_trace
 from hbmserve.sim.cluster_sim import SimCluster, SLOSpec, simulate
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu, load_catalog
 from hbmserve.capacity.model_shape import load_model_shape
 from hbmserve.capacity.perf_model import Deployment, memory_fit
-from hbmserve.sim.planner import SearchSpace, plan
+from hbmserve.planning.planner import SearchSpace, plan
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
 # (label, model, gpu, tp, replicas)

@@ -51,9 +51,9 @@ def main() -> int:
     import pynvml
 
     from hbmserve.placement.bootstrap import bootstrap_node
-    from hbmserve.placement.nvml_discovery import discover_node
-    from hbmserve.placement.plan_types import PlacementRequest
-    from hbmserve.placement.planner import plan
+    from hbmserve.placement_io.nvml_discovery import discover_node
+    from hbmserve.placement.placement_types import PlacementRequest
+    from hbmserve.placement.placer import plan
     from hbmserve.placement.topology import ClusterTopology
 
     name = socket.gethostname()

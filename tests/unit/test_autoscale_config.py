@@ -24,8 +24,8 @@ from hbmserve.capacity.hardware import load_catalog
 from hbmserve.capacity.scenario import scenario_for, tpot_floor_s
 from hbmserve.cli.main import build_app
 from hbmserve.core.config import parse_cluster_spec
-from hbmserve.deployments.autoscaling import HbmServeAutoscalingPolicy
-from hbmserve.deployments.serve_app import scaling_options
+from hbmserve.control.autoscaling import HbmServeAutoscalingPolicy
+from hbmserve.apps.options import model_options
 
 MODEL = {
     "name": "m70", "source": "meta-llama/Llama-3.1-70B-Instruct", "engine": "vllm-gpu",
@@ -87,7 +87,7 @@ def test_every_entry_point_hands_decide_the_same_config(files, monkeypatch):
     expected = autoscale_config_for(model, tpot_floor_s=floor)
     assert expected is not None and 0 < expected.tpot_floor_s < expected.tpot_p95_target_s
 
-    kwargs = scaling_options(model)["autoscaling_config"]["policy"]["policy_kwargs"]
+    kwargs = model_options(model).autoscaling_config["policy"]["policy_kwargs"]
     live = HbmServeAutoscalingPolicy(**kwargs).config
 
     seen = _recording(monkeypatch)

@@ -204,8 +204,8 @@ models:
 
 
 def test_code_trace_writes_the_seeded_generator_s_requests(app, tmp_path):
-    from hbmserve.capacity.arrivals import read_trace
-    from hbmserve.capacity.code_trace import CodeTraceSpec, code_arrivals
+    from hbmserve.traces.arrivals import read_trace
+    from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals
 
     path = tmp_path / "code.csv"
     r = run(app, "code-trace", "--out", str(path), "--seed", "4", "--duration", "300",

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from hbmserve.capacity.burst_trace import BurstSpec, burst_arrivals, burst_schedule
+from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals, burst_schedule
 from hbmserve.sim.evaluate import (
     EvalError,
     TraceScaling,
@@ -18,7 +18,7 @@ from hbmserve.sim.evaluate import (
     scale_trace,
 )
 from hbmserve.autoscale.registry import POLICIES
-from hbmserve.capacity.arrivals import Arrivals
+from hbmserve.traces.arrivals import Arrivals
 
 POLICY_NAMES = tuple(POLICIES)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 from hbmserve.autoscale.config import autoscale_config_for
-from hbmserve.deployments.autoscaling import POLICY_PATH, live_capacity, serve_autoscaling_config
+from hbmserve.control.autoscaling import POLICY_PATH
+from hbmserve.apps.autoscaling_options import live_capacity, serve_autoscaling_config
 from hbmserve.core.config import parse_cluster_spec
-from hbmserve.deployments.serve_app import scaling_options
+from hbmserve.apps.options import model_options
 
 
 def _model(autoscaling: dict | None):
@@ -21,7 +22,7 @@ def _model(autoscaling: dict | None):
 def test_fixed_replicas_have_no_policy():
     m = _model(None)
     assert autoscale_config_for(m) is None
-    assert scaling_options(m) == {"num_replicas": 2}
+    assert (model_options(m).num_replicas, model_options(m).autoscaling_config) == (2, None)
 
 
 def test_autoscaling_section_reaches_the_policy():
@@ -36,7 +37,7 @@ def test_autoscaling_section_reaches_the_policy():
     assert c.tpot_p95_target_s == 0.1  # the SLO's default tpot_p95_ms 100
     assert (c.hot_standby_min, c.hot_standby_max) == (1, 2)
     assert c.warm_pool_max == 0  # warm nodes come from the node autoscaler, not this policy
-    opts = scaling_options(m)["autoscaling_config"]
+    opts = model_options(m).autoscaling_config
     # The live policy also gets the capacity model's figures for the shape `engine: sim` stands
     # for: replica capacity by request length, and the TPOT one sequence alone decodes at.
     table, floor = live_capacity(m)

@@ -1,4 +1,4 @@
-"""The oracle in the evaluation (sim/oracle.py): on every trace evaluated here, no policy reaches
+"""The oracle in the evaluation (sim/oracle_search.py): on every trace evaluated here, no policy reaches
 its SLO attainment with fewer GPU-hours, and it reaches the attainment it aims at.
 
 Short traces on a small cluster (the reference model, 1-4 replicas, a 60 s cold start) keep
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from hbmserve.autoscale.registry import POLICIES
-from hbmserve.capacity.arrivals import Arrivals
-from hbmserve.capacity.burst_trace import BurstSpec, burst_arrivals
-from hbmserve.capacity.code_trace import CodeTraceSpec, code_arrivals
+from hbmserve.traces.arrivals import Arrivals
+from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals
+from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals
 from hbmserve.sim.evaluate import eval_config, evaluate, load_eval_cluster
-from hbmserve.sim.oracle import need_of, plan_oracle, undercut_oracle
+from hbmserve.sim.oracle_search import need_of, plan_oracle, undercut_oracle
 
 
 @pytest.fixture(scope="module")

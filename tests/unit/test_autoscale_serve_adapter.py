@@ -12,10 +12,12 @@ import math
 
 import pytest
 
-from hbmserve.deployments import autoscaling as sa
+from hbmserve.control import autoscaling as sa
 from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
 from hbmserve.core.records import IngressDemand, RecordError
 from hbmserve.core.scaling import ReplicaState, Tier
+from hbmserve.apps.autoscaling_options import serve_autoscaling_config
+from hbmserve.wire.autoscaling_stats import autoscaling_stats
 
 ray_config = pytest.importorskip("ray.serve.config", reason="ray[serve] not installed")
 ray_common = pytest.importorskip("ray.serve._private.common", reason="ray[serve] not installed")
@@ -86,14 +88,14 @@ def test_without_role_assignment_every_running_replica_is_active():
 
 
 def test_stats_helper_reports_numbers_only():
-    stats = sa.autoscaling_stats(waiting=3, running=5, kv_usage=0.5,
+    stats = autoscaling_stats(waiting=3, running=5, kv_usage=0.5,
                                  ttft_samples_s=[0.1 * i for i in range(1, 21)],
                                  tpot_samples_s=[0.01, 0.03], arrival_rps=2.0, load_s=31.5)
     assert all(isinstance(v, float) for v in stats.values())
     assert stats[sa.STAT_TTFT_P95_S] == pytest.approx(1.9)  # 19th of 20 by nearest rank
     assert stats[sa.STAT_TPOT_P95_S] == pytest.approx(0.03)
     assert stats[sa.STAT_LOAD_S] == 31.5
-    none = sa.autoscaling_stats(waiting=0, running=0, kv_usage=0.0, ttft_samples_s=[],
+    none = autoscaling_stats(waiting=0, running=0, kv_usage=0.0, ttft_samples_s=[],
                                 tpot_samples_s=[], arrival_rps=0.0, load_s=0.0)
     assert sa.STAT_TTFT_P95_S not in none and sa.STAT_TPOT_P95_S not in none
 
@@ -132,10 +134,10 @@ def test_a_sleeping_pool_takes_its_hot_start_up_from_the_wakes_the_replicas_meas
     ctx.raw_metrics[sa.STAT_LOAD_S] = {r1: series((NOW - 5, 1.0))}
     slow = sa.with_measured_startup(cfg, ctx, promote_s=0.4)
     assert slow.startup_hot_s == slow.startup_warm_s == pytest.approx(2.4)
-    stats = sa.autoscaling_stats(waiting=0, running=0, kv_usage=0.0, ttft_samples_s=[], tpot_samples_s=[],
+    stats = autoscaling_stats(waiting=0, running=0, kv_usage=0.0, ttft_samples_s=[], tpot_samples_s=[],
                                  arrival_rps=0.0, load_s=1.0, wake_s=1.75)
     assert stats[sa.STAT_WAKE_S] == 1.75
-    assert sa.STAT_WAKE_S not in sa.autoscaling_stats(waiting=0, running=0, kv_usage=0.0, ttft_samples_s=[],
+    assert sa.STAT_WAKE_S not in autoscaling_stats(waiting=0, running=0, kv_usage=0.0, ttft_samples_s=[],
                                                       tpot_samples_s=[], arrival_rps=0.0, load_s=1.0)
 
 
@@ -190,7 +192,7 @@ def test_policy_state_carries_the_hysteresis_between_calls():
 
 def test_runs_inside_serves_own_policy_wrapper():
     cfg = AutoscaleConfig(min_replicas=1, max_replicas=16, upscale_delay_s=0.0)
-    serve_cfg = ray_config.AutoscalingConfig(**sa.serve_autoscaling_config(cfg))
+    serve_cfg = ray_config.AutoscalingConfig(**serve_autoscaling_config(cfg))
     assert serve_cfg.upscale_delay_s == 0 and serve_cfg.downscale_delay_s == 0
     policy = ray_state._resolve_policy_callable(serve_cfg.policy)  # what the controller does
     assert isinstance(policy, sa.HbmServeAutoscalingPolicy) and policy.config == cfg

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hbmserve.capacity.arrivals import TraceError, gamma_arrivals, read_trace
+from hbmserve.traces.arrivals import TraceError, gamma_arrivals, read_trace
 
 AZURE = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
 

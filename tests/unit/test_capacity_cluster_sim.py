@@ -10,7 +10,7 @@ import pytest
 from hbmserve.autoscale import roles
 from hbmserve.core.scaling import ReplicaState, ScaleDecision, Snapshot, Tier
 from hbmserve.sim import cluster_sim
-from hbmserve.capacity.arrivals import Arrivals, gamma_arrivals
+from hbmserve.traces.arrivals import Arrivals, gamma_arrivals
 from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu

@@ -1,4 +1,4 @@
-"""The synthetic code-completion trace (capacity/code_trace.py): its rate follows the swell and
+"""The synthetic code-completion trace (traces/code_trace.py): its rate follows the swell and
 the spikes, its lengths the asked means, and a seed fixes it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from hbmserve.capacity.code_trace import CodeTraceSpec, code_arrivals, code_schedule
+from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals, code_schedule
 
 
 def test_schedule_swells_from_base_to_peak_and_back_with_spikes_in_their_shares():

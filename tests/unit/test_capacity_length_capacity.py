@@ -18,10 +18,13 @@ from hbmserve.capacity.length_capacity import CapacityTable, LengthStats, capaci
 from hbmserve.capacity.model_shape import load_model_shape
 from hbmserve.capacity.perf_model import Deployment, cost_model, memory_fit
 from hbmserve.capacity.plan_analytic import EngineKnobs, Workload, capacity_rps
-from hbmserve.deployments import autoscaling as sa
-from hbmserve.deployments.replica_http import EngineLoad
-from hbmserve.deployments.replica_middleware import LoadCounters, ReplicaMiddleware, request_lengths
-from hbmserve.routing.admission import AdmissionBudget
+from hbmserve.control import autoscaling as sa
+from hbmserve.replica.replica_http import EngineLoad
+from hbmserve.replica.replica_middleware import LoadCounters, ReplicaMiddleware
+from hbmserve.wire.http import request_lengths
+from hbmserve.routing.replica_cap import AdmissionBudget
+from hbmserve.apps.autoscaling_options import serve_autoscaling_config
+from hbmserve.wire.autoscaling_stats import autoscaling_stats
 
 DEP = Deployment(load_model_shape("llama-3.1-70b"), get_gpu("h100-sxm"), tp=4)
 COST = cost_model(DEP)
@@ -91,17 +94,17 @@ def test_the_adapter_re_estimates_capacity_for_the_lengths_replicas_report(table
 
 def test_the_table_reaches_the_policy_through_serves_kwargs(table):
     config = AutoscaleConfig()
-    kwargs = sa.serve_autoscaling_config(config, table)["policy"]["policy_kwargs"]
+    kwargs = serve_autoscaling_config(config, table)["policy"]["policy_kwargs"]
     policy = sa.HbmServeAutoscalingPolicy(**json.loads(json.dumps(kwargs)))
     assert policy.capacity == table and policy.config == config
-    assert "capacity_by_length" not in sa.serve_autoscaling_config(config)["policy"]["policy_kwargs"]
+    assert "capacity_by_length" not in serve_autoscaling_config(config)["policy"]["policy_kwargs"]
 
 
 def test_stats_carry_the_length_means_only_when_requests_finished():
     base = dict(waiting=0, running=0, kv_usage=0.0, ttft_samples_s=(), tpot_samples_s=(), arrival_rps=0.0,
                 load_s=1.0)
-    assert sa.STAT_PROMPT_TOKENS not in sa.autoscaling_stats(**base)
-    stats = sa.autoscaling_stats(**base, lengths=(2000.0, 40.0, 7))
+    assert sa.STAT_PROMPT_TOKENS not in autoscaling_stats(**base)
+    stats = autoscaling_stats(**base, lengths=(2000.0, 40.0, 7))
     assert (stats[sa.STAT_PROMPT_TOKENS], stats[sa.STAT_OUTPUT_TOKENS], stats[sa.STAT_LENGTH_SAMPLES]) == (2000, 40, 7)
 
 

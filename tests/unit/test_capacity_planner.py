@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from hbmserve.capacity.arrivals import gamma_arrivals
+from hbmserve.traces.arrivals import gamma_arrivals
 from hbmserve.sim.cluster_sim import SLOSpec
 from hbmserve.capacity.hardware import get_gpu, load_catalog
 from hbmserve.capacity.model_shape import load_model_shape
 from hbmserve.capacity.perf_model import Deployment, cost_model, memory_fit
 from hbmserve.capacity.plan_analytic import EngineKnobs, Workload, estimate
-from hbmserve.sim.planner import SearchSpace, plan, workload_of
+from hbmserve.planning.planner import SearchSpace, plan, workload_of
 
 M8 = load_model_shape("llama-3.1-8b")
 LOAD = gamma_arrivals(2.0, 60.0, 1.0, prompt_tokens=500, output_tokens=100, length_cv=0.3, seed=7)
@@ -26,7 +26,7 @@ PLAN_KEYS = {"gpu", "tp", "pp", "replicas", "warm_replicas", "quantization", "ma
 
 
 def test_default_search_space_spans_the_layouts_and_formats_without_known_loss():
-    from hbmserve.sim.planner import _layouts
+    from hbmserve.planning.planner import _layouts
 
     gpus = [g for n, g in load_catalog().items() if n != "cpu-local"]
     n = len(list(_layouts(gpus, load_model_shape("llama-3.1-70b"), SearchSpace())))
@@ -83,7 +83,7 @@ def test_every_confirmed_plan_reports_the_analytic_error(two_confirmed):
 def test_on_prompt_heavy_traffic_the_analytic_capacity_is_within_25_percent_of_the_simulators():
     from hbmserve.capacity.engine_core import EngineConfig
     from hbmserve.capacity.plan_analytic import capacity_rps
-    from hbmserve.sim.plan_confirm import simulated_capacity_rps
+    from hbmserve.planning.confirm import simulated_capacity_rps
 
     fixture = Path(__file__).parent / "data" / "code_completion_trace.py"
     lengths = runpy.run_path(str(fixture))["code_completion_arrivals"](duration_s=300.0)  # ~2,000 in, ~40 out
@@ -139,7 +139,7 @@ def test_analytic_estimate_grows_with_load_and_overloads():
 
 
 def test_costs_within_two_percent_tie_and_headroom_breaks_the_tie():
-    from hbmserve.sim.planner import PlanCandidate, _rank_by_cost_then_headroom
+    from hbmserve.planning.planner import PlanCandidate, _rank_by_cost_then_headroom
 
     def cand(usd, tpot):
         return PlanCandidate("h100-sxm", 1, 1, 1, 0, "bf16", 64, 2048, True, 0.5, tpot, usd, "confirmed", "")

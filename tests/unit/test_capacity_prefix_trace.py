@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hbmserve.capacity.arrivals import TraceError
-from hbmserve.capacity.prefix_trace import PrefixTraceSpec, prefix_arrivals
+from hbmserve.traces.arrivals import TraceError
+from hbmserve.traces.prefix_trace import PrefixTraceSpec, prefix_arrivals
 
 SPEC = PrefixTraceSpec(duration_s=300.0, session_rps=1.0, think_s=10.0)
 

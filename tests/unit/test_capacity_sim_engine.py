@@ -10,7 +10,7 @@ from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu
 from hbmserve.capacity.model_shape import load_model_shape
 from hbmserve.capacity.perf_model import Deployment, cost_model
-from hbmserve.capacity.sim_engine import RequestRejected, SimEngine
+from hbmserve.replica.sim_engine import RequestRejected, SimEngine
 
 DEP = Deployment(load_model_shape("llama-3.1-70b"), get_gpu("h100-sxm"), tp=4)
 CFG = EngineConfig(num_blocks=10_000, max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=4096)

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hbmserve.capacity.arrivals import Arrivals
+from hbmserve.traces.arrivals import Arrivals
 from hbmserve.sim.cluster_sim import SimCluster, SLOSpec, simulate
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu

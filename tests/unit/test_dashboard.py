@@ -1,5 +1,5 @@
-"""The ops dashboard's pure builders (deployments/dashboard.py) and the front door's measuring
-parts (deployments/dashboard_feed.py: reply timing, windows, the sample ring), on hand-worked
+"""The ops dashboard's pure builders (ingress/dashboard.py) and the front door's measuring
+parts (ingress/dashboard_feed.py: reply timing, windows, the sample ring), on hand-worked
 numbers."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from hbmserve.core.records import CrossedGroup, DecisionRecord, ObservedRank, PlacementReport, ReplicaRoles
 from hbmserve.core.scaling import Tier
-from hbmserve.deployments.dashboard import (DECISIONS_SHOWN, ClientLatency, DashboardSample, ModelInputs, ReplicaView,
+from hbmserve.ingress.dashboard import (DECISIONS_SHOWN, ClientLatency, DashboardSample, ModelInputs, ReplicaView,
                                             build_sample, build_snapshot, model_sample, placement_map,
                                             role_counts)
-from hbmserve.deployments.dashboard_feed import (LATENCY_WINDOW_S, RATE_WINDOW_S, ReplyWatch, ReplyWindow,
+from hbmserve.ingress.dashboard_feed import (LATENCY_WINDOW_S, RATE_WINDOW_S, ReplyWatch, ReplyWindow,
                                                  SampleRing)
-from hbmserve.deployments.engine_metrics import replica_usd_per_hour
+from hbmserve.capacity.replica_price import replica_usd_per_hour
 from hbmserve.placement.cluster_file import load_cluster_file
 
 PAIRS = Path(placement_pkg.__file__).parent / "data" / "cluster_nvlink_pairs_x2.yaml"

@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 
 from hbmserve.access.keys import parse_admin_token, parse_keys_file
-from hbmserve.deployments.dashboard_feed import DashboardFeed
+from hbmserve.ingress.dashboard_feed import DashboardFeed
 from tests.unit.test_front_door_app import KEY, Door, completion, run
 
 ADMIN = "admin-token-0123456789"
@@ -51,7 +51,7 @@ def test_the_page_is_public_its_data_needs_the_admin_token_and_shows_the_traffic
     assert m["roles"] == {"starting": 0, "active": 2, "standby": 0, "draining": 0, "warm": 0}
     assert m["ttft_p95_s"] > 0 and m["tpot_p95_s"] > 0  # six streamed replies timed at the door
     # 12 tokens each by their usage reports, over the rate window.
-    from hbmserve.deployments.dashboard_feed import RATE_WINDOW_S
+    from hbmserve.ingress.dashboard_feed import RATE_WINDOW_S
     assert m["tokens_per_s"] == 6 * 12 / RATE_WINDOW_S
     assert m["usd_per_hour"] > 0 and m["queue_depth"] == 0
     assert {r["replica"] for r in snap["placement"]["replicas"]} == {"r0", "r1"}

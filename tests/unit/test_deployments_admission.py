@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hbmserve.routing.admission import Admit, AdmissionBudget, Reject, AdmissionLoad, admit
-from hbmserve.deployments.replica_http import EngineLoad
-from hbmserve.deployments.replica_middleware import LoadCounters, ReplicaMiddleware
+from hbmserve.routing.replica_cap import Admit, AdmissionBudget, Reject, AdmissionLoad, admit
+from hbmserve.replica.replica_http import EngineLoad
+from hbmserve.replica.replica_middleware import LoadCounters, ReplicaMiddleware
 
 
 def test_admits_below_budget_and_rejects_at_it():

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from hbmserve.capacity.hardware import load_catalog
 from hbmserve.capacity.scenario import scenario_for
-from hbmserve.capacity.sim_engine import SimEngine
+from hbmserve.replica.sim_engine import SimEngine
 from hbmserve.core.config import ModelSpec
-from hbmserve.deployments.sim_protocol import (FILLER_WORDS, GenerationPlan, Rejection, estimate_tokens,
+from hbmserve.replica.sim_protocol import (FILLER_WORDS, GenerationPlan, Rejection, estimate_tokens,
                                                filler_text, plan_generation, token_text)
-from hbmserve.deployments.sim_server import build_sim_openai_app
+from hbmserve.replica.sim_server import build_sim_openai_app
 
 NAME = "sim-8b"
 MML = 2048

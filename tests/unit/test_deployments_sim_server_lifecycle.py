@@ -12,11 +12,11 @@ import pytest
 from hbmserve.capacity.hardware import load_catalog
 from hbmserve.capacity.scenario import scenario_for
 from hbmserve.capacity.perf_model import cost_model
-from hbmserve.deployments.sim_protocol import estimate_tokens
-from hbmserve.routing.admission import AdmissionBudget
-from hbmserve.deployments.replica_http import EngineLoad
-from hbmserve.deployments.sim_server import SimHttpServer, build_sim_openai_app
-from hbmserve.deployments.vllm_server import engine_load
+from hbmserve.replica.sim_protocol import estimate_tokens
+from hbmserve.routing.replica_cap import AdmissionBudget
+from hbmserve.replica.replica_http import EngineLoad
+from hbmserve.replica.sim_server import SimHttpServer, build_sim_openai_app
+from hbmserve.replica.vllm_server import engine_load
 from hbmserve.routing.prefix import chat_prompt_text, prompt_block_hashes
 from tests.unit.test_deployments_sim_server import MML, NAME, chat_body, engine, run, spec
 
@@ -198,7 +198,9 @@ def test_stop_lets_a_running_stream_finish_and_tpot_is_sampled():
 def test_sim_engine_is_registered_without_cpu_or_gpu_reservation():
     from hbmserve.core.config import parse_cluster_spec
     from hbmserve.core.engine_settings import EngineKind
-    from hbmserve.deployments.serve_app import ENGINE_SERVERS, actor_options, unsupported_engines
+    from hbmserve.replica.engine_replica import ENGINE_SERVERS
+    from hbmserve.wire.resources import actor_options
+    from hbmserve.apps.model_app import unsupported_engines
 
     server = ENGINE_SERVERS[EngineKind.SIM](spec(), "127.0.0.1", "token")
     assert isinstance(server, SimHttpServer) and server.budget.max_in_flight == 8 * 4  # max_num_seqs x 4

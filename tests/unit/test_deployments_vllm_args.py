@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 import hbmserve
 from hbmserve.cluster.checks import load_deployable
 from hbmserve.core.config import ConfigError, ModelSpec, parse_cluster_spec
-from hbmserve.deployments.engine_args import vllm_launch
-from hbmserve.deployments.vllm_argv import launch_argv, launch_problems, parse_launch, serve_parser
+from hbmserve.replica.engine_args import vllm_launch
+from hbmserve.replica.vllm_argv import launch_argv, launch_problems, parse_launch, serve_parser
 
 FIELD = "models.0.engine_settings.vllm_args"
 # Every value shape the map supports, on arguments of both the engine and the OpenAI frontend.
@@ -213,7 +213,7 @@ def test_without_vllm_a_vllm_model_is_a_config_error_and_a_sim_model_is_fine(tmp
 
 
 def test_a_broken_vllm_install_is_not_swallowed(tmp_path, monkeypatch):
-    import hbmserve.deployments.vllm_argv as vllm_argv
+    import hbmserve.replica.vllm_argv as vllm_argv
 
     def broken():
         raise ModuleNotFoundError("No module named 'torch._C'", name="torch._C")

@@ -1,4 +1,4 @@
-"""Both engine servers meet the EngineServer Protocol (deployments/engine_server.py), member by member.
+"""Both engine servers meet the EngineServer Protocol (replica/engine_server.py), member by member.
 
 `runtime_checkable` would only check that names exist; this compares each method's signature
 (parameter names, kinds, defaults), async-ness and resolved type hints with the Protocol's,
@@ -19,13 +19,13 @@ from prometheus_client.metrics_core import Metric
 
 from hbmserve.core.config import ModelSpec
 from hbmserve.core.engine_settings import EngineKind
-from hbmserve.deployments.engine_server import EngineServer
-from hbmserve.deployments.replica_middleware import LoadCounters
-from hbmserve.deployments.replica_http import AsgiListener, EngineLoad
-from hbmserve.deployments.serve_app import ENGINE_SERVERS
-from hbmserve.deployments.sim_server import SimHttpServer
-from hbmserve.deployments.standby_sleep import AwakeGate
-from hbmserve.deployments.vllm_server import VLLMHttpServer
+from hbmserve.replica.engine_server import EngineServer
+from hbmserve.replica.replica_middleware import LoadCounters
+from hbmserve.replica.replica_http import AsgiListener, EngineLoad
+from hbmserve.replica.engine_replica import ENGINE_SERVERS
+from hbmserve.replica.sim_server import SimHttpServer
+from hbmserve.replica.standby_sleep import AwakeGate
+from hbmserve.replica.vllm_server import VLLMHttpServer
 
 
 def protocol_methods(proto: type) -> dict[str, typing.Callable]:
@@ -164,9 +164,9 @@ def test_importing_the_servers_and_building_one_loads_no_engine():
     code = """
 import json, sys, time
 t = time.perf_counter()
-import hbmserve.deployments.vllm_server, hbmserve.deployments.sim_server, hbmserve.deployments.serve_app
+import hbmserve.replica.vllm_server, hbmserve.replica.sim_server, hbmserve.apps.model_app
 from hbmserve.core.config import ModelSpec
-from hbmserve.deployments.serve_app import ENGINE_SERVERS
+from hbmserve.replica.engine_replica import ENGINE_SERVERS
 spec = ModelSpec.model_validate({"name": "tiny", "source": "/models/tiny", "engine": "vllm-cpu"})
 ENGINE_SERVERS[spec.engine](spec, "127.0.0.1", "token")
 print(json.dumps({"s": time.perf_counter() - t,

@@ -14,12 +14,12 @@ import pytest
 from hbmserve.access.keys import parse_keys_file
 from hbmserve.core.config import parse_cluster_spec
 from hbmserve.core.records import ReplicaEndpoint
-from hbmserve.deployments.front_door_access import AccessGuard
-from hbmserve.deployments.front_door_app import BodyLimits, FrontDoorApp
-from hbmserve.deployments.front_door_queue import ModelAdmission
-from hbmserve.deployments.replica_table import ReplicaTable
-from hbmserve.deployments.serve_app import replica_budget
-from hbmserve.deployments.sim_server import SimHttpServer
+from hbmserve.ingress.front_door_access import AccessGuard
+from hbmserve.ingress.front_door_app import BodyLimits, FrontDoorApp
+from hbmserve.ingress.front_door_queue import ModelAdmission
+from hbmserve.ingress.replica_table import ReplicaTable
+from hbmserve.replica.engine_replica import replica_budget
+from hbmserve.replica.sim_server import SimHttpServer
 
 TOKEN = "internal"
 KEY = "tenant-key-0123456789"
@@ -199,7 +199,7 @@ def test_a_burst_beyond_the_queue_is_refused_and_every_accepted_request_complete
 
 
 def test_the_live_front_door_routes_with_the_simulators_choose_unless_told_otherwise():
-    from hbmserve.routing import baselines
+    from hbmserve.routing import routers as baselines
     from hbmserve.routing.choose import choose
     from hbmserve.sim import cluster_sim
 
@@ -211,7 +211,7 @@ def test_the_live_front_door_routes_with_the_simulators_choose_unless_told_other
 
 
 def test_a_client_that_goes_away_cancels_its_upstream_request():
-    from hbmserve.deployments.front_door_app import _while_connected
+    from hbmserve.ingress.front_door_app import _while_connected
 
     async def go():
         cancelled = asyncio.Event()

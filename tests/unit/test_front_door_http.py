@@ -12,8 +12,8 @@ import aiohttp
 import httpx
 import pytest
 
-from hbmserve.deployments.hardened_http import HardenedServer, HttpLimits, listen_socket
-from hbmserve.deployments.relay import NotStarted, relay
+from hbmserve.ingress.hardened_http import HardenedServer, HttpLimits, listen_socket
+from hbmserve.ingress.relay import NotStarted, relay
 
 
 def run(coro, timeout: float = 30):
@@ -192,7 +192,7 @@ def test_past_the_connection_cap_new_requests_get_503_and_the_cap_frees_when_idl
 
 
 def test_a_replica_that_accepts_and_stays_silent_times_out_before_any_byte():
-    from hbmserve.deployments.relay import FirstByteTimeout
+    from hbmserve.ingress.relay import FirstByteTimeout
 
     async def silent(reader, writer):
         await read_request(reader)

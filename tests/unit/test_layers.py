@@ -1,4 +1,4 @@
-"""Imports run one way: core (types, config) <- brains <- drivers/adapters <- Ray driver <- ops <- CLI.
+"""Imports run one way: core <- brains <- simulator and wire <- live rooms <- app building <- Ray driver <- ops <- CLI.
 
 An AST walk over every module of the package, imports inside functions included, so a
 late `from hbmserve.x import y` cannot hide a cycle. A folder may import its own modules and
@@ -16,14 +16,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: dict[str, int] = {
     "core": 0,  # config schema and shared types; imports nothing of hbmserve
-    "capacity": 1, "placement": 1, "autoscale": 1, "routing": 1, "access": 1,  # brains, pure
-    # The node's weight cache: does I/O, but imports only core and sits below the drivers so that
-    # a replica (deployments/) can resolve its model through it; its decision (eviction) is pure.
+    # Brains, pure: decisions and models over snapshots, time passed in.
+    "capacity": 1, "placement": 1, "autoscale": 1, "routing": 1, "access": 1,
+    "traces": 1,  # arrival traces: generators and loaders, the simulator's and the benchmarks' input
+    # The node's weight cache: does I/O, but imports only core and sits with the brains so that
+    # a replica can resolve its model through it; its decision (eviction) is pure.
     "weights": 1,
-    "sim": 2, "deployments": 2,  # the two drivers of the brains: simulator and Ray Serve
-    "cluster": 3,  # the Ray driver: local head, deploy, status
-    "ops": 4,  # benchmarks, metrics, dashboard
-    "cli": 5,  # the `hbmserve` command
+    "sim": 2,  # the simulator: the brains driven on a virtual clock
+    "wire": 2,  # what the rooms of a live cluster share: HTTP contract, names, records, stats
+    "placement_io": 2,  # placement's I/O: NVML discovery, Ray placement groups, observed ranks
+    "ingress": 3, "replica": 3, "control": 3,  # the live rooms: front door, engine replica, control plane
+    "apps": 4,  # builds the Serve applications and every deployment's options from the rooms
+    "planning": 4,  # the capacity planner, which confirms its plans in the simulator
+    "cluster": 5,  # the Ray driver: local head, deploy, status
+    "ops": 6,  # benchmarks, load generator
+    "cli": 7,  # the `hbmserve` command
 }
 
 

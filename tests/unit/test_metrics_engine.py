@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from hbmserve.core.histogram import from_buckets, merge, quantile
 from hbmserve.core.records import Histogram
-from hbmserve.deployments.door_metrics import merge_families
-from hbmserve.deployments.engine_metrics import (ENGINE_FAMILIES, TPOT, TTFT, exposition, histogram_of,
+from hbmserve.ingress.door_metrics import merge_families
+from hbmserve.wire.engine_metrics import (ENGINE_FAMILIES, TPOT, TTFT, exposition, histogram_of,
                                                  parse_engine_text, relabel)
-from hbmserve.deployments.sim_metrics import TTFT_BUCKETS, SimEngineMetrics
+from hbmserve.replica.sim_metrics import TTFT_BUCKETS, SimEngineMetrics
 
 
 def sim_metrics(stats=(2, 1, 0.25, 3)) -> SimEngineMetrics:

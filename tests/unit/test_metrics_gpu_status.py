@@ -11,8 +11,8 @@ import pytest
 from hbmserve.cluster.status_figures import latency_vs_slo, status_roles, usd_per_hour
 from hbmserve.core.records import DecisionRecord, Histogram, ReplicaInfo, ReplicaRoles
 from hbmserve.core.scaling import ReplicaState, Tier
-from hbmserve.deployments import gpu_metrics
-from hbmserve.deployments.gpu_metrics import GpuCollector
+from hbmserve.ingress import gpu_metrics
+from hbmserve.ingress.gpu_metrics import GpuCollector
 from tests.unit.test_placement_nvml_discovery import FakeNvml, _parsed as shape
 
 GIB = 1024**3

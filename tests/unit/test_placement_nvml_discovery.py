@@ -13,7 +13,7 @@ import pynvml
 import pytest
 
 import hbmserve.placement as placement_pkg
-from hbmserve.placement.nvml_discovery import discover_node
+from hbmserve.placement_io.nvml_discovery import discover_node
 from hbmserve.placement.topo_text import parse_topo_text
 from hbmserve.placement.topology import Link, NodeTopology, PathKind
 

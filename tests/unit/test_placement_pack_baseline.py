@@ -9,8 +9,8 @@ import pytest
 import hbmserve.placement as placement_pkg
 from hbmserve.placement.cluster_file import load_cluster_file
 from hbmserve.placement.pack_baseline import pack_groups, plan_groups, score_groups
-from hbmserve.placement.plan_types import PlacementRequest
-from hbmserve.placement.planner import plan
+from hbmserve.placement.placement_types import PlacementRequest
+from hbmserve.placement.placer import plan
 from hbmserve.placement.topology import GpuRef
 
 DATA = Path(placement_pkg.__file__).parent / "data"

@@ -9,8 +9,8 @@ import pytest
 
 import hbmserve.placement as placement_pkg
 from hbmserve.placement.cluster_file import load_cluster_file, parse_cluster_text
-from hbmserve.placement.plan_types import AlternativeKind, InfeasibleReason, PlacementRequest
-from hbmserve.placement.planner import plan
+from hbmserve.placement.placement_types import AlternativeKind, InfeasibleReason, PlacementRequest
+from hbmserve.placement.placer import plan
 from hbmserve.placement.topology import ClusterTopology, GpuRef
 
 DATA = Path(placement_pkg.__file__).parent / "data"

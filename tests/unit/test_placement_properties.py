@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hbmserve.placement as placement_pkg
-from hbmserve.placement.plan_types import PlacementRequest
-from hbmserve.placement.planner import plan
+from hbmserve.placement.placement_types import PlacementRequest
+from hbmserve.placement.placer import plan
 from hbmserve.placement.topo_text import parse_topo_text
 from hbmserve.placement.topology import ClusterTopology, Gpu, GpuRef, Link, NodeTopology, PathKind
 

@@ -8,9 +8,9 @@ import pytest
 
 import hbmserve.placement as placement_pkg
 from hbmserve.placement.cluster_file import load_cluster_file
-from hbmserve.placement.plan_types import PlacementRequest
-from hbmserve.placement.planner import plan
-from hbmserve.placement.ray_adapter import placement_group_specs
+from hbmserve.placement.placement_types import PlacementRequest
+from hbmserve.placement.placer import plan
+from hbmserve.placement_io.ray_adapter import placement_group_specs
 
 DATA = Path(placement_pkg.__file__).parent / "data"
 

@@ -11,14 +11,10 @@ import hbmserve.placement as placement_pkg
 from hbmserve.cluster.checks import load_deployable
 from hbmserve.core.config import ConfigError, load_cluster_spec, parse_cluster_spec
 from hbmserve.core.engine_settings import EngineKind
-from hbmserve.deployments.placed_app import (
-    deployment_name,
-    deployment_options,
-    infeasible_message,
-    placed_specs,
-    plan_model,
-)
-from hbmserve.deployments.serve_app import actor_options
+from hbmserve.apps.options import slot_options
+from hbmserve.wire.names import slot_deployment_name
+from hbmserve.apps.placed_app import infeasible_message, placed_specs, plan_model
+from hbmserve.wire.resources import actor_options
 from hbmserve.placement.cluster_file import load_cluster_file
 
 PAIRS = Path(placement_pkg.__file__).parent / "data" / "cluster_nvlink_pairs_x2.yaml"
@@ -101,14 +97,13 @@ def test_an_autoscaling_ceiling_the_topology_cannot_hold_is_a_config_error_namin
 
 
 def test_an_autoscaled_planned_model_gets_one_slot_deployment_per_planned_replica():
-    from hbmserve.deployments.slot_autoscaling import SLOT_POLICY_PATH, slot_autoscaling_configs
+    from hbmserve.control.slot_autoscaling import SLOT_POLICY_PATH
 
     topology = load_cluster_file(PAIRS)
     model = _model(parallelism={"tp": 2}, autoscaling={"min_replicas": 1, "max_replicas": 3})
     result = plan_model(model, topology)
     specs = placed_specs(model, result, topology)
-    scaling = slot_autoscaling_configs(model, len(specs), "engine-m")
-    options = [deployment_options(model, pg, a) for pg, a in zip(specs, scaling)]
+    options = [o.serve_kwargs() for o in slot_options(model, specs)]
     assert [o["name"] for o in options] == ["engine-m-r0", "engine-m-r1", "engine-m-r2"]
     assert all("num_replicas" not in o for o in options)
     assert [(o["autoscaling_config"]["min_replicas"], o["autoscaling_config"]["max_replicas"]) for o in options] \
@@ -130,7 +125,7 @@ def test_each_planned_replica_becomes_its_own_pinned_deployment():
     result = plan_model(model, topology)
     assert result.feasible, result.reason
     specs = placed_specs(model, result, topology)
-    options = [deployment_options(model, pg) for pg in specs]
+    options = [o.serve_kwargs() for o in slot_options(model, specs)]
 
     assert [o["name"] for o in options] == ["engine-m-r0", "engine-m-r1"]
     assert all(o["num_replicas"] == 1 for o in options)
@@ -154,7 +149,7 @@ def test_one_gpu_vllm_replica_holds_its_gpu_and_cpu_in_bundle_zero():
     model = parse_cluster_spec({"models": [{"name": "org/m:1", "source": "/m", "engine": "vllm-gpu"}]}).models[0]
     result = plan_model(model, topology)
     (pg,) = placed_specs(model, result, topology)
-    o = deployment_options(model, pg)
+    (o,) = [o.serve_kwargs() for o in slot_options(model, (pg,))]
     assert o["name"] == "engine-org-m-1-r0"
     assert o["ray_actor_options"]["num_gpus"] == 1
     cpus = o["ray_actor_options"]["num_cpus"]
@@ -176,4 +171,4 @@ def test_unplanned_sim_reserves_its_gpus_on_the_actor():
     assert actor_options(_model(parallelism={"tp": 2, "pp": 2}))["num_gpus"] == 4
     assert "num_gpus" not in actor_options(parse_cluster_spec(
         {"models": [{"name": "m", "source": "/m", "engine": "sim"}]}).models[0])
-    assert _model().engine is EngineKind.SIM and deployment_name(_model(), 3) == "engine-m-r3"
+    assert _model().engine is EngineKind.SIM and slot_deployment_name(_model(), 3) == "engine-m-r3"

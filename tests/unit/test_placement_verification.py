@@ -10,9 +10,9 @@ import pytest
 
 import hbmserve.placement as placement_pkg
 from hbmserve.placement.cluster_file import load_cluster_file
-from hbmserve.placement.ray_observe import log_verification
-from hbmserve.placement.plan_types import PlacementRequest
-from hbmserve.placement.planner import plan
+from hbmserve.placement_io.ray_observe import log_verification
+from hbmserve.placement.placement_types import PlacementRequest
+from hbmserve.placement.placer import plan
 from hbmserve.placement.topology import ClusterTopology
 from hbmserve.placement.verification import Crossing, RankReport, verify_replica
 

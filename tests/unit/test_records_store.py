@@ -1,4 +1,4 @@
-"""deployments/records_store.py, over an in-memory stand-in for Ray's internal KV (no cluster).
+"""wire/records_store.py, over an in-memory stand-in for Ray's internal KV (no cluster).
 
 Also the producers and consumers around it: the policy publishes a DecisionRecord, replicas
 read their role from it, renewed records (endpoints, held counts) stop counting once their
@@ -20,8 +20,7 @@ import pytest
 from hbmserve.core.records import (DecisionRecord, IngressInfo, LoadReport, ObservedRank, PlacementReport, RecordError,
                                    ReplicaEndpoint, ReplicaInfo, ReplicaRoles)
 from hbmserve.core.scaling import ReplicaState, Tier
-from hbmserve.deployments import records_store as store
-
+from hbmserve.wire import records_store as store
 internal_kv = pytest.importorskip("ray.experimental.internal_kv", reason="ray not installed")
 ray_metrics = pytest.importorskip("ray.util.metrics", reason="ray not installed")
 
@@ -157,8 +156,8 @@ def test_outside_a_cluster_nothing_is_held(monkeypatch):
 def test_the_policy_publishes_what_it_decided_and_replicas_read_their_role(kv):
     """Through the policy object Serve calls: the record kept in policy_state is the one in the
     KV, and a replica listed there reads itself active."""
-    from hbmserve.deployments import autoscaling as sa
-    from hbmserve.deployments.serve_app import EngineReplica
+    from hbmserve.control import autoscaling as sa
+    from hbmserve.replica.engine_replica import EngineReplica
 
     ctx = SimpleNamespace(app_name="app", deployment_name="engine", current_time=100.0,
                           running_replicas=["r1", "r2"], raw_metrics={}, aggregated_metrics={},
@@ -178,7 +177,7 @@ def test_the_policy_publishes_what_it_decided_and_replicas_read_their_role(kv):
     assert role("app", "not-listed") is ReplicaState.STANDBY
     assert role("never-decided", "r1") is ReplicaState.ACTIVE  # before the policy's first decision
     # A planned replica is one slot deployment of several; its model's one decision names it.
-    from hbmserve.deployments.placed_app import PlacedEngineReplica
+    from hbmserve.replica.placed_replica import PlacedEngineReplica
 
     slot = SimpleNamespace(model=SimpleNamespace(name="org/m"), endpoint=SimpleNamespace(deployment="engine-org-m-r1"))
     assert PlacedEngineReplica._decision_deployment(slot) == "engine-org-m"
@@ -189,9 +188,9 @@ def test_a_replica_info_reply_is_a_valid_replica_info(monkeypatch):
     from ray import serve
 
     from hbmserve.core.config import ModelSpec
-    from hbmserve.deployments.placed_app import PlacedEngineReplica
-    from hbmserve.deployments.serve_app import ENGINE_SERVERS, EngineReplica
-    from hbmserve.deployments.standby_sleep import StandbySleep
+    from hbmserve.replica.placed_replica import PlacedEngineReplica
+    from hbmserve.replica.engine_replica import ENGINE_SERVERS, EngineReplica
+    from hbmserve.replica.standby_sleep import StandbySleep
 
     monkeypatch.setattr(serve, "get_replica_context",
                         lambda: SimpleNamespace(replica_id=SimpleNamespace(unique_id="abc")))
@@ -229,10 +228,10 @@ def test_a_replica_info_reply_is_a_valid_replica_info(monkeypatch):
 
 
 def test_a_planned_replica_reports_its_verification_typed():
-    from hbmserve.deployments.placed_app import placement_report
+    from hbmserve.replica.placed_replica import placement_report
     from hbmserve.placement.cluster_file import load_cluster_file
-    from hbmserve.placement.plan_types import PlacementRequest
-    from hbmserve.placement.planner import plan
+    from hbmserve.placement.placement_types import PlacementRequest
+    from hbmserve.placement.placer import plan
     from hbmserve.placement.verification import RankReport, verify_replica
 
     import hbmserve.placement as placement_pkg
@@ -264,7 +263,7 @@ RECORD_KEYS = {f.name for cls in (DecisionRecord, ReplicaInfo, IngressInfo, Load
     # "role" is also every OpenAI chat message's field (routing/prefix.py renders messages).
     "model", "url", "engine", "reason", "at", "replica", "pid", "healthy", "waiting", "running", "role",
     "prompt_tokens"}  # also every OpenAI usage block's field
-ALLOWED = {Path("core/records.py"), Path("deployments/records_store.py")}
+ALLOWED = {Path("core/records.py"), Path("wire/records_store.py")}
 
 
 def keyed_reads(source: str) -> list[tuple[int, str]]:

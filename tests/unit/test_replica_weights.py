@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hbmserve.core.cache_spec import WeightCacheSpec
 from hbmserve.core.config import ModelSpec
-from hbmserve.deployments.replica_weights import local_weights
+from hbmserve.replica.replica_weights import local_weights
 
 
 def _model(source: str, engine: str = "vllm-cpu") -> ModelSpec:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.core.routing import ReplicaLoad, RouteRequest
-from hbmserve.routing.baselines import least_loaded, power_of_two, round_robin
+from hbmserve.routing.routers import least_loaded, power_of_two, round_robin
 from hbmserve.routing.choose import choose, load_key, matched_blocks, two_choices
 
 REQ = RouteRequest(prompt_tokens=100, max_tokens=50)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from hbmserve.routing.admission import Admit, Reject
+from hbmserve.routing.replica_cap import Admit, Reject
 from hbmserve.routing.queue import (QUEUE_FULL, SLO_UNREACHABLE, Ask, ModelCapacity, Queue, Waiting,
                                     admit, expired, next_to_run, predict_ttft)
 

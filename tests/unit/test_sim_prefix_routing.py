@@ -8,15 +8,15 @@ import json
 import numpy as np
 import pytest
 
-from hbmserve.capacity.arrivals import Arrivals
+from hbmserve.traces.arrivals import Arrivals
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu
 from hbmserve.capacity.model_shape import load_model_shape
 from hbmserve.capacity.perf_model import Deployment
-from hbmserve.capacity.prefix_trace import PrefixTraceSpec
+from hbmserve.traces.prefix_trace import PrefixTraceSpec
 from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest
 from hbmserve.ops.bench import prefix_routing
-from hbmserve.routing.baselines import least_loaded, round_robin
+from hbmserve.routing.routers import least_loaded, round_robin
 from hbmserve.routing.choose import choose
 from hbmserve.sim.cluster_sim import SimCluster, SLOSpec, simulate
 

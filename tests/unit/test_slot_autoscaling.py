@@ -1,7 +1,7 @@
 """Autoscaling a placed model: one Serve deployment per planned slot, one decision for all.
 
 The pure parts (autoscale/slots.py: which slots run for a target) by property; the adapter
-(deployments/slot_autoscaling.py) fed real Serve AutoscalingContexts, its Ray KV calls replaced
+(control/slot_autoscaling.py) fed real Serve AutoscalingContexts, its Ray KV calls replaced
 by a dict, so no cluster starts. The central check: a model split over slot deployments decides
 exactly what the same replicas decide as one deployment.
 """
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from hbmserve.autoscale.policy import AutoscaleConfig
 from hbmserve.autoscale.slots import leaving, slot_min_replicas, slot_targets
 from hbmserve.core.records import SlotStats
-from hbmserve.deployments import autoscaling as sa
-from hbmserve.deployments import slot_autoscaling as slots_mod
-
+from hbmserve.control import autoscaling as sa
+from hbmserve.control import slot_autoscaling as slots_mod
+from hbmserve.apps.autoscaling_options import slot_autoscaling_configs
 ray_config = pytest.importorskip("ray.serve.config", reason="ray[serve] not installed")
 ray_common = pytest.importorskip("ray.serve._private.common", reason="ray[serve] not installed")
 
@@ -170,7 +170,7 @@ def test_slot_deployments_carry_the_slot_policy_and_the_floor():
 
     model = parse_cluster_spec({"models": [{"name": "m", "source": "/m", "engine": "sim",
                                             "autoscaling": {"min_replicas": 1, "max_replicas": 3}}]}).models[0]
-    configs = slots_mod.slot_autoscaling_configs(model, 3, MODEL_DEP)
+    configs = slot_autoscaling_configs(model, 3, MODEL_DEP)
     assert [(c["min_replicas"], c["max_replicas"]) for c in configs] == [(1, 1), (0, 1), (0, 1)]
     policies = [c["policy"] for c in configs]
     assert {p["policy_function"] for p in policies} == {slots_mod.SLOT_POLICY_PATH}

@@ -1,4 +1,4 @@
-"""The pure sleep decision (autoscale/standby_sleep.py): properties over every input and over
+"""The pure sleep decision (autoscale/sleep_policy.py): properties over every input and over
 sequences of them, checked by replaying the decisions on a model engine."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hbmserve.autoscale.standby_sleep import SleepAction, sleep_step
+from hbmserve.autoscale.sleep_policy import SleepAction, sleep_step
 from hbmserve.core.scaling import ReplicaState
 
 roles = st.sampled_from([ReplicaState.ACTIVE, ReplicaState.STANDBY])

@@ -14,9 +14,9 @@ from hbmserve.capacity.hardware import get_gpu
 from hbmserve.capacity.startup_measured import startup_inputs_for
 from hbmserve.core.config import ModelSpec
 from hbmserve.core.scaling import ReplicaState
-from hbmserve.deployments.serve_app import replica_budget
-from hbmserve.deployments.sim_server import SimHttpServer, sim_wake_s
-from hbmserve.deployments.standby_sleep import StandbySleep
+from hbmserve.replica.engine_replica import replica_budget
+from hbmserve.replica.sim_server import SimHttpServer, sim_wake_s
+from hbmserve.replica.standby_sleep import StandbySleep
 
 SPEEDUP = 5.0
 FRONT_DOOR = {"x-hbmserve-internal": "token"}

@@ -1,4 +1,4 @@
-"""The live sleep driver (deployments/standby_sleep.py) on vLLM's server, with a fake engine
+"""The live sleep driver (replica/standby_sleep.py) on vLLM's server, with a fake engine
 client that records what it is asked: no vLLM engine, no GPU, no Ray."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import pytest
 
 from hbmserve.core.config import ModelSpec, parse_cluster_spec
 from hbmserve.core.scaling import ReplicaState
-from hbmserve.deployments.engine_args import vllm_launch
-from hbmserve.deployments.serve_app import ENGINE_SERVERS, unsupported_engines
-from hbmserve.deployments.standby_sleep import AwakeGate, StandbySleep
-from hbmserve.deployments.vllm_server import VLLMHttpServer
+from hbmserve.replica.engine_args import vllm_launch
+from hbmserve.replica.engine_replica import ENGINE_SERVERS
+from hbmserve.apps.model_app import unsupported_engines
+from hbmserve.replica.standby_sleep import AwakeGate, StandbySleep
+from hbmserve.replica.vllm_server import VLLMHttpServer
 
 ACTIVE, STANDBY = ReplicaState.ACTIVE, ReplicaState.STANDBY
 WAKE_S = 0.05  # the fake engine's wake

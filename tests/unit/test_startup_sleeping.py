@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hbmserve.autoscale.config import autoscale_config_for
-from hbmserve.capacity.arrivals import Arrivals
+from hbmserve.traces.arrivals import Arrivals
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu
 from hbmserve.capacity.model_shape import load_model_shape
@@ -99,14 +99,14 @@ def test_a_sleeping_pool_plans_with_the_wakes_its_replicas_measure():
     replaces the assumed wake with the median of what its replicas measured."""
     import json
 
-    from hbmserve.deployments import autoscaling as sa
-    from hbmserve.deployments.serve_app import scaling_options
+    from hbmserve.control import autoscaling as sa
+    from hbmserve.apps.options import model_options
 
     spec = parse_cluster_spec({"name": "c", "models": [
         {"name": "m", "source": "/x", "engine": "vllm-gpu", "hardware": {"gpu": "h100-sxm"},
          "autoscaling": {"max_replicas": 3, "hot_standby": {"max": 1, "sleep": True}}}]})
     (m,) = spec.models
-    kwargs = scaling_options(m)["autoscaling_config"]["policy"]["policy_kwargs"]
+    kwargs = model_options(m).autoscaling_config["policy"]["policy_kwargs"]
     gpu_inputs = startup_inputs_for(m, get_gpu("h100-sxm"))
     assert kwargs["promote_s"] == pytest.approx(gpu_inputs.promote_s)
     policy = sa.HbmServeAutoscalingPolicy(**json.loads(json.dumps(kwargs)))  # as Serve hands them over
@@ -116,7 +116,7 @@ def test_a_sleeping_pool_plans_with_the_wakes_its_replicas_measure():
     # A model whose standbys stay loaded has no wake to measure.
     loaded = m.model_copy(update={"autoscaling": m.autoscaling.model_copy(update={
         "hot_standby": m.autoscaling.hot_standby.model_copy(update={"sleep": False})})})
-    assert "promote_s" not in scaling_options(loaded)["autoscaling_config"]["policy"]["policy_kwargs"]
+    assert "promote_s" not in model_options(loaded).autoscaling_config["policy"]["policy_kwargs"]
 
 
 def _promotion(hot_s: float) -> tuple[float, float]:

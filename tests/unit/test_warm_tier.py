@@ -1,4 +1,4 @@
-"""The warm-tier aggregator's pieces that need no cluster (deployments/warm_tier.py): which models
+"""The warm-tier aggregator's pieces that need no cluster (control/warm_tier.py): which models
 are warmable, each model's wish from its decision, replica shapes, and the prefetch itself (run
 here on a local source into a temporary cache)."""
 
@@ -8,8 +8,8 @@ from hbmserve.autoscale.warm_nodes import cluster_request
 from hbmserve.core.config import parse_cluster_spec
 from hbmserve.core.records import DecisionRecord, Prefetch
 from hbmserve.core.scaling import Tier
-from hbmserve.deployments import warm_tier as wt
-from hbmserve.deployments.serve_app import replica_shape
+from hbmserve.control import warm_tier as wt
+from hbmserve.wire.resources import replica_shape
 
 WARM = {"min_replicas": 0, "max_replicas": 2, "warm_pool": {"min": 1, "max": 1}}
 

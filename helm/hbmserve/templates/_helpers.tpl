@@ -73,7 +73,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/* The Serve config (Ray Serve's ServeDeploySchema) for serveConfigV2: one application per model
-     and the front door, built by hbmserve.deployments.serve_config from the cluster config as data.
+     and the front door, built by hbmserve.apps.declarative from the cluster config as data.
      Python's serve_config() writes the same structure; tests/chart compare the two. */}}
 {{- define "hbmserve.serveConfig" -}}
 {{- $cluster := deepCopy .Values.cluster }}
@@ -101,10 +101,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $apps := list }}
 {{- range .Values.cluster.models }}
 {{- $args := dict "cluster" $cluster "internal_token_file" $tokenFile "model" .name }}
-{{- $apps = append $apps (dict "name" .name "import_path" "hbmserve.deployments.serve_config:model_app" "route_prefix" nil "args" $args) }}
+{{- $apps = append $apps (dict "name" .name "import_path" "hbmserve.apps.declarative:model_app" "route_prefix" nil "args" $args) }}
 {{- end }}
 {{- $doorArgs := dict "cluster" $cluster "internal_token_file" $tokenFile "front_door_replicas" (include "hbmserve.frontDoorReplicas" . | int) }}
-{{- $apps = append $apps (dict "name" "hbmserve-frontdoor" "import_path" "hbmserve.deployments.serve_config:front_door_app" "route_prefix" nil "args" $doorArgs) }}
+{{- $apps = append $apps (dict "name" "hbmserve-frontdoor" "import_path" "hbmserve.apps.declarative:front_door_app" "route_prefix" nil "args" $doorArgs) }}
 {{- toYaml (dict "proxy_location" "Disabled" "http_options" (dict "host" (dig "http" "host" "127.0.0.1" $serve)) "applications" $apps) }}
 {{- end }}
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hbmserve.capacity.arrivals import Arrivals, gamma_arrivals
+from hbmserve.traces.arrivals import Arrivals, gamma_arrivals
 
 PROMPT_MEAN, PROMPT_CV, PROMPT_CLIP = 2000.0, 0.4, (256, 8000)
 OUTPUT_MEAN, OUTPUT_CV, OUTPUT_CLIP = 40.0, 0.8, (4, 256)
