@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hbmserve.autoscale.config import autoscale_config_for
-from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.policy_config import autoscale_config_for
+from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.slots import slot_min_replicas
 from hbmserve.capacity.hardware import load_catalog
 from hbmserve.capacity.length_capacity import CapacityTable, capacity_table

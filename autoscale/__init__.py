@@ -2,6 +2,7 @@
 registry that names them. Pure; imports only hbmserve.core. The Ray Serve adapter that calls
 `decide` live is hbmserve.control.autoscaling."""
 
-from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.autoscale.policy import PolicyState, decide
 
 __all__ = ["AutoscaleConfig", "PolicyState", "decide"]

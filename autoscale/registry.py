@@ -1,5 +1,5 @@
 """Policies by name. Each baseline's config is derived from hbmserve's own AutoscaleConfig for
-the model (autoscale/config.py, the one builder), so runs compare like for like:
+the model (autoscale/policy_config.py, the one builder), so runs compare like for like:
 
     entry = POLICIES["hbmserve"]
     config = entry.make_config(autoscale_config_for(model), peak_rps)
@@ -28,7 +28,8 @@ from hbmserve.autoscale.baselines import (
     static_peak_decide,
 )
 from hbmserve.autoscale.oracle import OracleConfig, OracleState, oracle_decide
-from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.autoscale.policy import PolicyState, decide
 
 
 def hbmserve_config(config: AutoscaleConfig, peak_rps: float | None = None) -> AutoscaleConfig:

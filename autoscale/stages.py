@@ -18,7 +18,8 @@ from hbmserve.autoscale.warm_pool import PoolEconomics, PoolHold, PoolSizing, ho
 from hbmserve.core.scaling import ReplicaState, Snapshot, Tier
 
 if TYPE_CHECKING:  # policy.py imports this module; the types are only annotations here
-    from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState
+    from hbmserve.autoscale.policy_config import AutoscaleConfig
+    from hbmserve.autoscale.policy import PolicyState
 
 
 def tier_of(i: int, standby: int, warm_ready: int) -> Tier:

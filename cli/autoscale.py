@@ -24,27 +24,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-EXIT_BAD_INPUT = 2
+from hbmserve.cli.errors import fail, user_errors
+
 ALL = "all"
-
-
-def _fail(msg: str) -> typer.Exit:
-    typer.echo(f"error: {msg}", err=True)
-    return typer.Exit(EXIT_BAD_INPUT)
-
-
-def _user_errors() -> tuple[type[Exception], ...]:
-    from hbmserve.traces.arrivals import TraceError
-    from hbmserve.capacity.engine_core import EngineConfigError
-    from hbmserve.capacity.hardware import CatalogError
-    from hbmserve.capacity.model_shape import ModelConfigError
-    from hbmserve.capacity.scenario import ScenarioError
-    from hbmserve.core.config import ConfigError
-
-    from hbmserve.sim.evaluate import EvalError
-
-    return (ConfigError, CatalogError, ModelConfigError, TraceError, ScenarioError,
-            EngineConfigError, EvalError)
 
 
 def evaluate_cmd(
@@ -88,7 +70,7 @@ def evaluate_cmd(
 
     names = list(POLICIES) if policy == ALL else [policy]
     if policy != ALL and policy not in POLICIES:
-        raise _fail(f"--policy {policy!r}: not one of {', '.join(POLICIES)}, {ALL}")
+        raise fail(f"--policy {policy!r}: not one of {', '.join(POLICIES)}, {ALL}")
     try:
         startup = {t: s for t, s in ((Tier.HOT, startup_hot), (Tier.WARM, startup_warm),
                                      (Tier.COLD, startup_cold)) if s is not None}
@@ -97,8 +79,8 @@ def evaluate_cmd(
         scaling = TraceScaling(time_scale, token_scale, clip)
         arr = scale_trace(read_trace(trace), scaling)
         auto = eval_config(cluster, arr)
-    except _user_errors() as err:
-        raise _fail(str(err)) from None
+    except user_errors() as err:
+        raise fail(str(err)) from None
     check = slo_check_for(cluster.scenario, arr, auto.max_replicas)
     warn_slo(check, cluster.model_name)
     results, wall = [], {}
@@ -204,7 +186,7 @@ def burst_trace_cmd(
                          bursts=bursts, burst_s=burst_s, prompt_tokens=prompt_tokens,
                          output_tokens=output_tokens)
     except ValueError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     _write_trace(burst_arrivals(spec, seed), out, duration)
 
 
@@ -226,7 +208,7 @@ def code_trace_cmd(
                              spikes=spikes, prompt_tokens=prompt_tokens,
                              output_tokens=output_tokens)
     except ValueError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     _write_trace(code_arrivals(spec, seed), out, duration)
 
 
@@ -235,7 +217,7 @@ def _write_trace(arr: Any, out: Path, duration: float) -> None:
     try:
         out.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")
     except OSError as err:
-        raise _fail(f"--out {out}: {err.strerror or err}") from None
+        raise fail(f"--out {out}: {err.strerror or err}") from None
     typer.echo(f"{len(arr)} requests over {duration:g} s written to {out}")
 
 

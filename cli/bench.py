@@ -22,27 +22,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from hbmserve.cli.errors import fail, user_errors
 from hbmserve.cli.capacity import arrivals_for, wide_console, SYNTHETIC_LENGTH_CV
 
 EXIT_ALL_FAILED = 1
-EXIT_BAD_INPUT = 2
-
-
-def _fail(msg: str) -> typer.Exit:
-    typer.echo(f"error: {msg}", err=True)
-    return typer.Exit(EXIT_BAD_INPUT)
-
-
-def _user_errors() -> tuple[type[Exception], ...]:
-    from hbmserve.traces.arrivals import TraceError
-    from hbmserve.capacity.engine_core import EngineConfigError
-    from hbmserve.capacity.hardware import CatalogError
-    from hbmserve.capacity.model_shape import ModelConfigError
-    from hbmserve.capacity.scenario import ScenarioError
-    from hbmserve.core.config import ConfigError
-    from hbmserve.ops.bench_clients import EndpointError
-
-    return ConfigError, CatalogError, ModelConfigError, TraceError, ScenarioError, EngineConfigError, EndpointError
 
 
 def _headers(items: list[str]) -> dict[str, str]:
@@ -50,14 +33,14 @@ def _headers(items: list[str]) -> dict[str, str]:
     for item in items:
         name, sep, value = item.partition(":")
         if not sep or not name.strip():
-            raise _fail(f"--header {item!r}: expected 'Name: value'")
+            raise fail(f"--header {item!r}: expected 'Name: value'")
         out[name.strip()] = value.strip()
     return out
 
 
 def _slo(ttft_ms: float | None, tpot_ms: float | None, model: Any | None):
     """The SLO per request: the flags, else the config model's p95 targets; None without either."""
-    from hbmserve.sim.cluster_sim import SLOSpec
+    from hbmserve.core.config import SloSeconds
 
     if model is not None:
         ttft_ms = ttft_ms if ttft_ms is not None else model.slo.ttft_p95_ms
@@ -65,8 +48,8 @@ def _slo(ttft_ms: float | None, tpot_ms: float | None, model: Any | None):
     if ttft_ms is None and tpot_ms is None:
         return None
     if (ttft_ms is not None and ttft_ms <= 0) or (tpot_ms is not None and tpot_ms <= 0):
-        raise _fail("--slo-ttft-ms and --slo-tpot-ms must be > 0")
-    return SLOSpec(ttft_ms / 1e3 if ttft_ms is not None else math.inf, tpot_ms / 1e3 if tpot_ms is not None else math.inf)
+        raise fail("--slo-ttft-ms and --slo-tpot-ms must be > 0")
+    return SloSeconds(ttft_ms / 1e3 if ttft_ms is not None else math.inf, tpot_ms / 1e3 if tpot_ms is not None else math.inf)
 
 
 def _progress(total: int | None):
@@ -153,17 +136,17 @@ def bench_cmd(
 
     modes = [name for name, v in (("--trace", trace), ("--rate", rate), ("--concurrency", concurrency)) if v is not None]
     if len(modes) != 1:
-        raise _fail("give exactly one of --trace FILE, --rate RPS or --concurrency N")
+        raise fail("give exactly one of --trace FILE, --rate RPS or --concurrency N")
     if trace is None and duration is None:
-        raise _fail(f"{modes[0]} needs --duration SECONDS")
+        raise fail(f"{modes[0]} needs --duration SECONDS")
     if (duration is not None and duration <= 0) or time_scale <= 0 or request_timeout <= 0:
-        raise _fail("--duration, --time-scale and --request-timeout must be > 0")
+        raise fail("--duration, --time-scale and --request-timeout must be > 0")
     if concurrency is not None and concurrency < 1:
-        raise _fail("--concurrency must be >= 1")
+        raise fail("--concurrency must be >= 1")
     if catalog is not None and predict is None:
-        raise _fail("--catalog is for --predict: give --predict CONFIG too")
+        raise fail("--catalog is for --predict: give --predict CONFIG too")
     if prompt_format not in PROMPT_FORMATS:
-        raise _fail(f"--prompt-format {prompt_format!r}: expected one of {', '.join(PROMPT_FORMATS)}")
+        raise fail(f"--prompt-format {prompt_format!r}: expected one of {', '.join(PROMPT_FORMATS)}")
     try:
         endpoint = Endpoint(completions_url(url), model, api_key or os.environ.get("OPENAI_API_KEY") or None,
                             _headers(header or []))
@@ -185,10 +168,10 @@ def bench_cmd(
             if trace is not None and duration is not None:
                 arrivals = arrivals.window(0.0, duration)
             if not len(arrivals):
-                raise _fail(f"no request arrives in the first {duration:g} s of {trace}")
+                raise fail(f"no request arrives in the first {duration:g} s of {trace}")
         check = check_endpoint(endpoint)
-    except _user_errors() as err:
-        raise _fail(str(err)) from None
+    except user_errors() as err:
+        raise fail(str(err)) from None
     if check.warning:
         typer.echo(f"warning: {check.warning}", err=True)
     if arrivals is None:
@@ -203,8 +186,8 @@ def bench_cmd(
     lengths = length_stream(prompt_tokens, output_tokens, SYNTHETIC_LENGTH_CV, seed)
     try:
         used, records = _run(client, endpoint, spec, arrivals, concurrency, duration or 0.0, lengths)
-    except _user_errors() as err:
-        raise _fail(str(err)) from None
+    except user_errors() as err:
+        raise fail(str(err)) from None
     if save_records is not None:
         from dataclasses import asdict
 

@@ -14,27 +14,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from hbmserve.cli.errors import fail, user_errors
+
 EXIT_INFEASIBLE = 1
-EXIT_BAD_INPUT = 2
 SYNTHETIC_LENGTH_CV = 0.5  # --rate loads: prompt and output lengths lognormal with this spread
-
-
-def _fail(msg: str) -> typer.Exit:
-    typer.echo(f"error: {msg}", err=True)
-    return typer.Exit(EXIT_BAD_INPUT)
-
-
-def _user_errors() -> tuple[type[Exception], ...]:
-    from hbmserve.traces.arrivals import TraceError
-    from hbmserve.capacity.engine_core import EngineConfigError
-    from hbmserve.capacity.hardware import CatalogError
-    from hbmserve.capacity.model_shape import ModelConfigError
-    from hbmserve.capacity.scenario import ScenarioError
-    from hbmserve.core.config import ConfigError
-    from hbmserve.sim.evaluate import EvalError
-
-    return (ConfigError, CatalogError, ModelConfigError, TraceError, ScenarioError, EngineConfigError,
-            EvalError)
 
 
 def arrivals_for(trace: Optional[Path], rate: Optional[float], duration: float, prompt: float, output: float,
@@ -46,9 +29,9 @@ def arrivals_for(trace: Optional[Path], rate: Optional[float], duration: float, 
         arr = read_trace(trace)
         return arr.scaled(time_scale) if time_scale != 1.0 else arr
     if rate is None:
-        raise _fail("give --trace FILE or --rate RPS")
+        raise fail("give --trace FILE or --rate RPS")
     if rate <= 0 or duration <= 0 or burstiness <= 0:
-        raise _fail("--rate, --duration and --burstiness must be > 0")
+        raise fail("--rate, --duration and --burstiness must be > 0")
     return gamma_arrivals(rate, duration, burstiness, prompt, output, length_cv=SYNTHETIC_LENGTH_CV, seed=seed)
 
 
@@ -76,7 +59,7 @@ def _load_policy(ref: str, model_spec: Any, sc: Any, arr: Any) -> tuple[Any, Any
     try:
         factory = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as err:
-        raise _fail(f"--policy {ref}: {err}") from None
+        raise fail(f"--policy {ref}: {err}") from None
     policy, state = factory(model_spec)
     startup = model_spec.autoscaling.startup_s if model_spec.autoscaling else None
     return policy, state, _startup_map(startup)
@@ -92,9 +75,9 @@ def _startup_map(startup: Any) -> dict:
 
 def _registry_policy(name: str, m: Any, sc: Any, arr: Any) -> tuple[Any, Any, dict]:
     """Bind a registered policy to this model with the config the live system would run
-    (autoscale/config.py); replica capacity from the capacity model for this trace when the
+    (autoscale/policy_config.py); replica capacity from the capacity model for this trace when the
     file does not state it."""
-    from hbmserve.autoscale.config import autoscale_config_for
+    from hbmserve.autoscale.policy_config import autoscale_config_for
     from hbmserve.autoscale.registry import POLICIES
     from hbmserve.capacity.scenario import tpot_floor_s
     from hbmserve.capacity.startup_measured import startup_estimate
@@ -102,9 +85,9 @@ def _registry_policy(name: str, m: Any, sc: Any, arr: Any) -> tuple[Any, Any, di
 
     entry = POLICIES.get(name)
     if entry is None:
-        raise _fail(f"--policy {name!r}: not a registered policy ({', '.join(POLICIES)}) nor module:factory")
+        raise fail(f"--policy {name!r}: not a registered policy ({', '.join(POLICIES)}) nor module:factory")
     if m.autoscaling is None:
-        raise _fail(f"models.{m.name}.autoscaling: missing; --policy {name} needs min_replicas and "
+        raise fail(f"models.{m.name}.autoscaling: missing; --policy {name} needs min_replicas and "
                     f"max_replicas")
     config = autoscale_config_for(m, estimate_capacity_rps(sc, arr, m.name), tpot_floor_s(sc),
                                   startup_estimate(m, sc.deployment.gpu))
@@ -160,22 +143,22 @@ def simulate_cmd(
         spec = load_cluster_spec(config)
         m = spec.model(model) if model else spec.models[0]
         if m is None:
-            raise _fail(f"--model {model!r} is not in {config} ({', '.join(x.name for x in spec.models)})")
+            raise fail(f"--model {model!r} is not in {config} ({', '.join(x.name for x in spec.models)})")
         overrides = {t: s for t, s in ((Tier.HOT, startup_hot), (Tier.WARM, startup_warm),
                                        (Tier.COLD, startup_cold)) if s is not None}
         m = with_startup(m, overrides)
         sc = scenario_for(m, load_catalog(catalog), gpu, model_config, max_model_len)
         arr = arrivals_for(trace, rate, duration, prompt_tokens, output_tokens, burstiness, seed, time_scale)
-    except _user_errors() as err:
-        raise _fail(str(err)) from None
+    except user_errors() as err:
+        raise fail(str(err)) from None
     if clip:
         arr = arr.clipped(sc.engine.max_model_len)
     binding = None
     if policy:
         try:
             pol, state, startup = _load_policy(policy, m, sc, arr)
-        except _user_errors() as err:
-            raise _fail(str(err)) from None
+        except user_errors() as err:
+            raise fail(str(err)) from None
         binding = PolicyBinding(pol, state, interval, startup_s=startup)
     cluster = cluster_for(sc)
     with _progress(not json_out) as bar:
@@ -279,16 +262,16 @@ def plan_cmd(
                                                         "the formats without a known quality loss)")] = None,
 ) -> None:
     """Search GPU x TP x PP x quantisation x engine knobs x replicas for the cheapest plan meeting the SLO."""
-    from hbmserve.sim.cluster_sim import SLOSpec
+    from hbmserve.core.config import SloSeconds
     from hbmserve.capacity.hardware import load_catalog
     from hbmserve.capacity.model_shape import load_model_shape
     from hbmserve.planning.planner import SearchSpace, plan
     from hbmserve.capacity.scenario import resolve_gpu_name
 
     if (rate is None) == (trace is None):
-        raise _fail("give exactly one of --rate RPS or --trace FILE")
+        raise fail("give exactly one of --rate RPS or --trace FILE")
     if slo_ttft_p95 <= 0 or slo_tpot_p95 <= 0:
-        raise _fail("--slo-ttft-p95 and --slo-tpot-p95 must be > 0")
+        raise fail("--slo-ttft-p95 and --slo-tpot-p95 must be > 0")
     try:
         cat = load_catalog(catalog)
         for item in price or []:
@@ -296,16 +279,16 @@ def plan_cmd(
             try:
                 cat[resolve_gpu_name(name, cat)] = cat[resolve_gpu_name(name, cat)].with_price(float(usd))
             except ValueError:
-                raise _fail(f"--price {item!r}: expected GPU=USD, e.g. h100=2.5") from None
+                raise fail(f"--price {item!r}: expected GPU=USD, e.g. h100=2.5") from None
         names = [resolve_gpu_name(g, cat) for g in gpus.split(",") if g.strip()] if gpus else \
             [n for n in cat if n != "cpu-local"]
         shape = load_model_shape(model)
         quants = _quantizations(quantization) if quantization is not None else SearchSpace().quantizations
         arr = arrivals_for(trace, rate, duration, prompt_tokens, output_tokens, 1.0, seed, 1.0)
-    except _user_errors() as err:
-        raise _fail(str(err)) from None
+    except user_errors() as err:
+        raise fail(str(err)) from None
     sim_arr = arr.window(0.0, confirm_seconds) if confirm_seconds else arr
-    slo = SLOSpec(slo_ttft_p95, slo_tpot_p95)
+    slo = SloSeconds(slo_ttft_p95, slo_tpot_p95)
     with _progress(not json_out) as bar:
         task = bar.add_task("planning", total=1)
         result = plan(shape, [cat[n] for n in names], arr, slo,
@@ -313,7 +296,7 @@ def plan_cmd(
                       confirm_top=confirm_top, sim_arrivals=sim_arr,
                       progress=lambda d, t, label: bar.update(task, completed=d, total=t, description=label))
     if plot is not None and result.plans:
-        from hbmserve.planning.plots import plot_frontier
+        from hbmserve.planning.frontier_plot import plot_frontier
 
         plot_frontier(result.plans, plot, slo.ttft_s, slo.tpot_s, f"{shape.name}: cost vs latency")
     if json_out:

@@ -15,7 +15,7 @@ SUBCOMMAND_MODULES = (
     "hbmserve.cli.placement",
     "hbmserve.cli.capacity",
     "hbmserve.cli.autoscale",
-    "hbmserve.cli.cache",
+    "hbmserve.cli.weights_cache",
     "hbmserve.cli.bench",
 )
 

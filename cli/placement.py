@@ -14,20 +14,15 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.console import Console
 
+from hbmserve.cli.errors import EXIT_BAD_INPUT, fail
+
 if TYPE_CHECKING:
     from hbmserve.placement.topology import ClusterTopology
 
-EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 EXIT_NO_GPU = 1
 
-err = Console(stderr=True)
 out = Console()
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
 
 
 def _load_file(path: Path, node: Optional[str] = None) -> ClusterTopology:
@@ -36,7 +31,7 @@ def _load_file(path: Path, node: Optional[str] = None) -> ClusterTopology:
     try:
         return load_cluster_file(path, single_node_name=node)
     except TopologyFileError as e:
-        raise _fail(str(e), EXIT_BAD_INPUT) from None
+        raise fail(str(e), EXIT_BAD_INPUT) from None
 
 
 def _discover_local(node: str, domain: Optional[str], rack: Optional[str]) -> ClusterTopology:
@@ -46,14 +41,14 @@ def _discover_local(node: str, domain: Optional[str], rack: Optional[str]) -> Cl
     try:
         nvml = load_pynvml()
     except ImportError as e:
-        raise _fail(f"nvidia-ml-py is not installed ({e}); pass --file FILE", EXIT_NO_GPU) from None
+        raise fail(f"nvidia-ml-py is not installed ({e}); pass --file FILE", EXIT_NO_GPU) from None
     try:
         found = discover_node(node, nvlink_domain=domain, rack=rack, nvml=nvml)
     except nvml.NVMLError as e:
-        raise _fail(f"no GPU topology on this machine: NVML says {e!s}; pass --file FILE "
+        raise fail(f"no GPU topology on this machine: NVML says {e!s}; pass --file FILE "
                     "(a cluster file or `nvidia-smi topo -m` output)", EXIT_NO_GPU) from None
     if not found.node.gpus:
-        raise _fail("NVML found no GPUs on this machine; pass --file FILE", EXIT_NO_GPU)
+        raise fail("NVML found no GPUs on this machine; pass --file FILE", EXIT_NO_GPU)
     return ClusterTopology((found.node,))
 
 
@@ -87,22 +82,22 @@ def node_bootstrap(
 
     if file is not None:
         if nvlink_domain is not None or rack is not None:
-            raise _fail("--nvlink-domain and --rack apply to NVML discovery; put them in the file", EXIT_BAD_INPUT)
+            raise fail("--nvlink-domain and --rack apply to NVML discovery; put them in the file", EXIT_BAD_INPUT)
         topo = _load_file(file, node)
         if node is None and len(topo.nodes) > 1:
             names = ", ".join(n.name for n in topo.nodes)
-            raise _fail(f"--node is required: {file} describes {len(topo.nodes)} nodes ({names})", EXIT_BAD_INPUT)
+            raise fail(f"--node is required: {file} describes {len(topo.nodes)} nodes ({names})", EXIT_BAD_INPUT)
         try:
             chosen = topo.node(node) if node is not None else topo.nodes[0]
         except KeyError:
             names = ", ".join(n.name for n in topo.nodes)
-            raise _fail(f"--node: no node {node!r} in {file} (nodes: {names})", EXIT_BAD_INPUT) from None
+            raise fail(f"--node: no node {node!r} in {file} (nodes: {names})", EXIT_BAD_INPUT) from None
     else:
         chosen = _discover_local(node or socket.gethostname(), nvlink_domain, rack).nodes[0]
     try:
         spec = bootstrap_node(chosen)
     except ValueError as e:
-        raise _fail(str(e), EXIT_BAD_INPUT) from None
+        raise fail(str(e), EXIT_BAD_INPUT) from None
     if as_json:
         out.print_json(json.dumps(spec.to_json_dict()))
     else:

@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from hbmserve.cli.errors import EXIT_FAILED, fail
 from hbmserve.cluster.checks import load_deployable, slo_warnings
 from hbmserve.cluster.tiny_model import TinyModelShape
 from hbmserve.core.config import ClusterSpec, ConfigError
@@ -64,11 +65,6 @@ def _load(config: Optional[Path]) -> ClusterSpec:
     return spec
 
 
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/] {message}", highlight=False)
-    return typer.Exit(code)
-
-
 def _ensure_local_models(spec: ClusterSpec) -> None:
     """Generate the tiny model where a local vLLM-CPU source is missing and its folder is named for it."""
     from hbmserve.cluster.tiny_model import is_model_dir, write_model
@@ -77,7 +73,7 @@ def _ensure_local_models(spec: ClusterSpec) -> None:
         src = Path(m.source)
         if m.engine is EngineKind.VLLM_CPU and src.is_absolute() and not is_model_dir(src):
             if "tiny" not in src.name:
-                raise _fail(f"model {m.name}: no model at {src} (models.{m.name}.source)")
+                raise fail(f"model {m.name}: no model at {src} (models.{m.name}.source)", EXIT_FAILED)
             with err.status(f"generating the tiny model at {src}"):
                 write_model(src)
 
@@ -107,7 +103,7 @@ def _deploy(spec: ClusterSpec) -> dict[str, str]:
         with err.status(f"deploying {len(spec.models)} model(s); vLLM engines take about a minute to start"):
             endpoints = deploy(spec)
     except ClusterError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e), EXIT_FAILED) from None
     err.print(f"deployed in {time.monotonic() - t0:.0f} s", style="dim")
     return endpoints
 
@@ -130,7 +126,7 @@ def up(
             own_head = False
         rc.connect(None)
     except rc.ClusterError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e), EXIT_FAILED) from None
     # Ctrl-C while deploying still raises KeyboardInterrupt to abort the deploy, and is also
     # remembered: raised inside a Ray call it can be swallowed there, and `up` must then stop
     # rather than go on serving (seen in CI: a Ctrl-C as the front door came up was lost).
@@ -233,7 +229,7 @@ def deploy(config: Path = typer.Argument(..., help="Cluster config YAML.")) -> N
     try:
         rc.connect(None)
     except rc.ClusterError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e), EXIT_FAILED) from None
     _print_endpoints(spec, _deploy(spec), None)
 
 
@@ -250,7 +246,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         doors = rc.door_metrics_targets()
         warm = rc.warm_tier()
     except rc.ClusterError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e), EXIT_FAILED) from None
     if as_json:
         # "warm_tier" only while the warm-tier aggregator runs (some model keeps a warm pool).
         print(json.dumps({"cluster": address, "metrics_targets": targets, "door_metrics_targets": doors,

@@ -34,7 +34,8 @@ import statistics
 import time
 from typing import Any, Collection, Mapping
 
-from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.autoscale.policy import PolicyState, decide
 from hbmserve.autoscale.roles import age_order, assign_roles, current_active
 from hbmserve.autoscale.slots import leaving
 from hbmserve.capacity.length_capacity import CapacityTable, LengthStats

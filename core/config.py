@@ -6,6 +6,8 @@ raises `ConfigError` whose text names each bad field by its dotted path and says
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import os
 from importlib import resources
 from pathlib import Path
@@ -108,6 +110,18 @@ class AutoscalingSpec(_Strict):
 class SLO(_Strict):
     ttft_p95_ms: Annotated[float, Field(gt=0)] = 2000.0
     tpot_p95_ms: Annotated[float, Field(gt=0)] = 100.0
+
+    def seconds(self) -> SloSeconds:
+        return SloSeconds(self.ttft_p95_ms / 1e3, self.tpot_p95_ms / 1e3)
+
+
+@dataclass(frozen=True)
+class SloSeconds:
+    """The SLO inside the simulator, the planner and the benchmarks: p95 targets in seconds.
+    `SLO` is the config file's form (milliseconds, validated); `SLO.seconds()` converts."""
+
+    ttft_s: float = 2.0
+    tpot_s: float = 0.1
 
 
 class Hardware(_Strict):

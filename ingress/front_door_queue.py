@@ -26,7 +26,7 @@ from hbmserve.core.routing import CHARS_PER_TOKEN
 from hbmserve.ingress.front_door_access import Credential, Refusal
 from hbmserve.ingress.replica_table import ReplicaTable
 from hbmserve.routing.replica_cap import Reject
-from hbmserve.routing.queue import Ask, ModelCapacity, Queue, Waiting, admit, expired, next_to_run
+from hbmserve.routing.queue import Ask, ModelCapacity, Enqueue, Waiting, admit, expired, next_to_run
 
 # Queue room per active replica beyond its running batch, in batches: the replica safety cap
 # (serve_app.QUEUE_SLOTS_PER_SEQ = 4 batches in all) less the running one.
@@ -131,7 +131,7 @@ class ModelAdmission:
             return Refusal(429, f"{self.model.name}: {decision.reason}", "rate_limit_error", decision.code,
                            decision.retry_after_s)
         self.accepted += 1
-        if not isinstance(decision, Queue):
+        if not isinstance(decision, Enqueue):
             self._charge(ask, now)
             return ask
         future = asyncio.get_running_loop().create_future()

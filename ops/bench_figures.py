@@ -8,8 +8,8 @@ simulator's (sim/metrics.py), and its functions compute both:
   ITL   every gap between consecutive streamed chunks, all requests pooled (vLLM's `itl`)
   throughput  completed requests, and their output tokens, per second of the span (from the
               run's start to its last completion)
-  goodput     requests that met both SLOs per second of span; SLOSpec attainment: the share of
-              requests *sent* that met both (a failed request misses the SLOSpec)
+  goodput     requests that met both SLOs per second of span; SloSeconds attainment: the share of
+              requests *sent* that met both (a failed request misses the SloSeconds)
 Error kinds: the HTTP status ("429", "503", ...), "timeout", "connection" (refused, reset,
 unreachable before a reply) or "stream" (the reply broke or came back short).
 
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from hbmserve.sim.cluster_sim import SLOSpec
+from hbmserve.core.config import SloSeconds
 from hbmserve.sim.metrics import LatencyStats, SimSummary, meets_slo, request_latencies
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -73,7 +73,7 @@ class BenchFigures:
     output_tokens: int
     goodput_rps: float | None  # None: no SLO given
     slo_attainment: float | None
-    slo: SLOSpec | None = None
+    slo: SloSeconds | None = None
     send_lag_max_s: float | None = None  # open loop: how late the client sent its worst request
 
     @property
@@ -100,7 +100,7 @@ class BenchFigures:
         return out
 
 
-def figures_of(records: Sequence[RequestRecord], slo: SLOSpec | None = None) -> BenchFigures:
+def figures_of(records: Sequence[RequestRecord], slo: SloSeconds | None = None) -> BenchFigures:
     """The measured figures of a run's records (every request sent, failed ones included)."""
     ok = [r for r in records if r.ok and r.ttft_s is not None and r.e2e_s is not None]
     sent = np.fromiter((r.sent_s for r in ok), float, len(ok))
@@ -144,7 +144,7 @@ def figures_of_summary(s: SimSummary, clock: float = 1.0) -> BenchFigures:
         itl=wall(s.itl), e2e=wall(s.e2e), span_s=s.makespan_s / clock,
         request_rps=s.finished / s.makespan_s * clock if s.makespan_s > 0 else 0.0,
         output_tok_s=s.output_tok_s * clock, output_tokens=s.output_tokens, goodput_rps=s.goodput_rps * clock,
-        slo_attainment=s.slo_attainment, slo=SLOSpec(s.slo_ttft_s / clock, s.slo_tpot_s / clock))
+        slo_attainment=s.slo_attainment, slo=SloSeconds(s.slo_ttft_s / clock, s.slo_tpot_s / clock))
 
 
 def relative_error_pct(predicted: float | None, measured: float | None) -> float | None:

@@ -21,7 +21,8 @@ from hbmserve.capacity.scenario import scenario_for
 from hbmserve.core.config import ClusterSpec, ConfigError, ModelSpec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.ops.bench_figures import BenchFigures, figures_of_summary
-from hbmserve.sim.cluster_sim import SLOSpec, cluster_for, simulate
+from hbmserve.core.config import SloSeconds
+from hbmserve.sim.cluster_sim import cluster_for, simulate
 from hbmserve.sim.metrics import SimResult
 
 
@@ -49,12 +50,12 @@ def clock_of(m: ModelSpec) -> float:
     return m.sim.speedup if m.engine is EngineKind.SIM else 1.0
 
 
-def predict(m: ModelSpec, arrivals: Arrivals, slo: SLOSpec, catalog: dict[str, GpuProfile] | None = None) -> Prediction:
+def predict(m: ModelSpec, arrivals: Arrivals, slo: SloSeconds, catalog: dict[str, GpuProfile] | None = None) -> Prediction:
     """Simulate `arrivals` (wall seconds since the run's start) on the cluster `m` describes;
     judged against `slo` (wall seconds), the SLO the measurement used."""
     sc = scenario_for(m, catalog if catalog is not None else load_catalog())
     clock = clock_of(m)
-    cluster = replace(cluster_for(sc), slo=SLOSpec(slo.ttft_s * clock, slo.tpot_s * clock))
+    cluster = replace(cluster_for(sc), slo=SloSeconds(slo.ttft_s * clock, slo.tpot_s * clock))
     result = simulate(cluster, arrivals.scaled(clock))
     d = sc.deployment
     layout = (f"{d.model.name} on {d.gpu.name} TP{d.tp}" + (f" PP{d.pp}" if d.pp > 1 else "")

@@ -21,7 +21,8 @@ import numpy as np
 from hbmserve.traces.arrivals import Arrivals
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.perf_model import Deployment
-from hbmserve.sim.cluster_sim import SimCluster, SLOSpec, simulate
+from hbmserve.sim.cluster_sim import SimCluster, simulate
+from hbmserve.core.config import SloSeconds
 from hbmserve.sim.metrics import SimSummary
 
 CAPACITY_REQUESTS = 1000  # requests per probe: enough for a steady p95, cheap enough to bisect
@@ -29,12 +30,12 @@ CAPACITY_PRECISION = 1.02  # stop bisecting when hi / lo is below this
 MAX_FLEET_STEPS = 3  # replicas tried above (or below) the first guess
 
 
-def meets(s: SimSummary, slo: SLOSpec) -> bool:
+def meets(s: SimSummary, slo: SloSeconds) -> bool:
     return (s.unfinished == 0 and s.ttft.p95 is not None and s.ttft.p95 <= slo.ttft_s
             and (s.tpot.p95 is None or s.tpot.p95 <= slo.tpot_s))
 
 
-def simulated_capacity_rps(dep: Deployment, eng: EngineConfig, slo: SLOSpec, lengths: Arrivals,
+def simulated_capacity_rps(dep: Deployment, eng: EngineConfig, slo: SloSeconds, lengths: Arrivals,
                            guess_rps: float, seed: int = 0, n: int = CAPACITY_REQUESTS) -> float:
     """Highest Poisson rate one replica carries within the SLO (0 if none), lengths drawn from
     `lengths`. The same unit-rate arrivals are stretched for every probe (common random
@@ -78,7 +79,7 @@ class FleetRun:
     ok: bool
 
 
-def smallest_fleet(dep: Deployment, eng: EngineConfig, slo: SLOSpec, arrivals: Arrivals,
+def smallest_fleet(dep: Deployment, eng: EngineConfig, slo: SloSeconds, arrivals: Arrivals,
                    first_guess: int) -> FleetRun:
     """The fewest replicas (within MAX_FLEET_STEPS of `first_guess`) that meet the SLO on the
     trace; the largest tried, marked not ok, when none does."""

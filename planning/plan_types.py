@@ -93,7 +93,7 @@ class PlanCandidate:
     def autoscaling(self) -> AutoscalingSpec:
         """The config file's `autoscaling` section this plan implies: the active replicas as
         the floor, the warm ones as headroom, and the capacity the plan was sized with, so the
-        policy (autoscale/config.py) scales with the planner's figure, not a typed guess."""
+        policy (autoscale/policy_config.py) scales with the planner's figure, not a typed guess."""
         return AutoscalingSpec(min_replicas=max(1, self.replicas),
                                max_replicas=max(1, self.replicas + self.warm_replicas),
                                **({"replica_capacity_rps": self.capacity_rps_per_replica}

@@ -31,7 +31,7 @@ from hbmserve.capacity.perf_model import Deployment, StepCostModel, cost_model, 
 from hbmserve.capacity.plan_analytic import EngineKnobs, Workload, capacity_rps, estimate
 from hbmserve.capacity.slo_cap import batch_cap, chunk_step_s, knob_grid
 from hbmserve.capacity.token_cost import token_costs
-from hbmserve.sim.cluster_sim import SLOSpec
+from hbmserve.core.config import SloSeconds
 from hbmserve.sim.workload import workload_of
 from hbmserve.planning.confirm import simulated_capacity_rps, smallest_fleet
 from hbmserve.planning.plan_types import (AUTOSCALING_KEYS, CANDIDATE, CONFIRMED, INFEASIBLE, MISSED, PlanCandidate,
@@ -59,7 +59,7 @@ def _quant(c: PlanCandidate) -> str | None:
 
 
 def _candidates(gpu: GpuProfile, model: ModelShape, tp: int, pp: int, q: str | None, w: Workload,
-                slo: SLOSpec, space: SearchSpace, mml: int) -> list[PlanCandidate]:
+                slo: SloSeconds, space: SearchSpace, mml: int) -> list[PlanCandidate]:
     """Every knob combination of one layout, costed analytically (or the one reason none runs)."""
     dep = Deployment(model, gpu, tp, pp, q, space.gpu_memory_utilization)
     fmt = weight_format(q, model.dtype_bytes)
@@ -98,7 +98,7 @@ def _candidates(gpu: GpuProfile, model: ModelShape, tp: int, pp: int, q: str | N
     return out
 
 
-def _analytic(cost: StepCostModel, knobs: EngineKnobs, w: Workload, slo: SLOSpec, space: SearchSpace,
+def _analytic(cost: StepCostModel, knobs: EngineKnobs, w: Workload, slo: SloSeconds, space: SearchSpace,
               base: dict) -> PlanCandidate:
     dep = cost.dep
     cap, light = capacity_rps(cost, knobs, w, slo.ttft_s, slo.tpot_s)
@@ -134,7 +134,7 @@ def _performance_key(c: PlanCandidate, model: ModelShape, gpus: dict[str, GpuPro
     return (c.gpu, c.tp, c.pp, model.weight_bytes(q), fmt_flops)
 
 
-def _blocker(ttft: float, tpot: float, slo: SLOSpec) -> str:
+def _blocker(ttft: float, tpot: float, slo: SloSeconds) -> str:
     parts = []
     if tpot > slo.tpot_s:
         parts.append(f"TPOT p95 {tpot * 1e3:.1f} ms > {slo.tpot_s * 1e3:.1f} ms")
@@ -143,7 +143,7 @@ def _blocker(ttft: float, tpot: float, slo: SLOSpec) -> str:
     return "; ".join(parts) or "utilisation cap"
 
 
-def _rank_by_cost_then_headroom(plans: list[PlanCandidate], slo: SLOSpec) -> list[PlanCandidate]:
+def _rank_by_cost_then_headroom(plans: list[PlanCandidate], slo: SloSeconds) -> list[PlanCandidate]:
     """Cheapest first; plans within 2% of the cheapest of their run count as a tie (price quotes
     are not that precise), and among ties the one with more SLO headroom goes first."""
     by_cost = sorted(plans, key=lambda c: c.usd_per_hour)
@@ -158,14 +158,14 @@ def _rank_by_cost_then_headroom(plans: list[PlanCandidate], slo: SLOSpec) -> lis
     return out
 
 
-def _violation(c: PlanCandidate, slo: SLOSpec) -> float:
+def _violation(c: PlanCandidate, slo: SloSeconds) -> float:
     if c.ttft_p95_s is None or c.tpot_p95_s is None:
         return math.inf
     return max(c.ttft_p95_s / slo.ttft_s, c.tpot_p95_s / slo.tpot_s)
 
 
 def confirm(c: PlanCandidate, model: ModelShape, gpus: dict[str, GpuProfile], arrivals: Arrivals,
-            slo: SLOSpec, space: SearchSpace, lengths: Arrivals | None = None) -> PlanCandidate:
+            slo: SloSeconds, space: SearchSpace, lengths: Arrivals | None = None) -> PlanCandidate:
     """Measure one replica's capacity in the simulator (requests with the lengths of `lengths`,
     default `arrivals`), then find the smallest fleet that meets the SLO on `arrivals`."""
     dep = Deployment(model, gpus[c.gpu], c.tp, c.pp, _quant(c), space.gpu_memory_utilization)
@@ -198,7 +198,7 @@ def confirm(c: PlanCandidate, model: ModelShape, gpus: dict[str, GpuProfile], ar
                           f"{measured:.2f} rps within the SLO (analytic {analytic:.2f}, error {error}){misses}")
 
 
-def plan(model: ModelShape, gpus: Sequence[GpuProfile], arrivals: Arrivals, slo: SLOSpec,
+def plan(model: ModelShape, gpus: Sequence[GpuProfile], arrivals: Arrivals, slo: SloSeconds,
          space: SearchSpace = SearchSpace(), confirm_top: int = 5, sim_arrivals: Arrivals | None = None,
          progress: Progress | None = None) -> PlanResult:
     w = workload_of(arrivals)
@@ -236,7 +236,7 @@ def plan(model: ModelShape, gpus: Sequence[GpuProfile], arrivals: Arrivals, slo:
     return PlanResult(ranked, len(out), len(confirmed), why)
 
 
-def explain(top: PlanCandidate, model: ModelShape, gpus: dict[str, GpuProfile], w: Workload, slo: SLOSpec,
+def explain(top: PlanCandidate, model: ModelShape, gpus: dict[str, GpuProfile], w: Workload, slo: SloSeconds,
             space: SearchSpace, ranked: Sequence[PlanCandidate]) -> str:
     """One paragraph on why the top plan is the top plan (or what blocks the closest one)."""
     g = gpus[top.gpu]

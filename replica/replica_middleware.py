@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
 from hbmserve.core.records import LoadReport
-from hbmserve.routing.replica_cap import AdmissionBudget, Reject, AdmissionLoad, admit
+from hbmserve.routing.replica_cap import AdmissionBudget, Reject, AdmissionLoad, admit_to_replica
 from hbmserve.wire.engine_metrics import METRICS_PATH, exposition
 from hbmserve.wire.http import INTERNAL_TOKEN_HEADER, LOAD_PATH, json_response, openai_error, request_lengths
 from hbmserve.replica.replica_http import EngineLoad
@@ -139,7 +139,7 @@ class ReplicaMiddleware:
             return
         c = self.counters
         now = time.monotonic()
-        decision = admit(AdmissionLoad(c.in_flight, c.completion_rate(now)), self.budget)
+        decision = admit_to_replica(AdmissionLoad(c.in_flight, c.completion_rate(now)), self.budget)
         if isinstance(decision, Reject):
             c.rejected += 1
             retry = [(b"retry-after", str(decision.retry_after_s).encode())]

@@ -138,7 +138,7 @@ class Waiting:
 
 
 @dataclass(frozen=True)
-class Queue:
+class Enqueue:
     reason: str
     position: int  # place in release order once queued: 1 runs next
 
@@ -157,7 +157,7 @@ class Expired:
     code: str = QUEUE_TIMEOUT
 
 
-def admit(ask: Ask, capacity: ModelCapacity, waiting: Waiting, now: float) -> Admit | Queue | Reject:
+def admit(ask: Ask, capacity: ModelCapacity, waiting: Waiting, now: float) -> Admit | Enqueue | Reject:
     """Admit `ask` now, queue it, or refuse it at once; never touches what was accepted before."""
     ahead = waiting.ahead_of(ask)
     if not ahead and _fits(ask, capacity.free_sequences, capacity.free_tokens):
@@ -177,7 +177,7 @@ def admit(ask: Ask, capacity: ModelCapacity, waiting: Waiting, now: float) -> Ad
         held = (f"; held for capacity arriving in {capacity.help_arriving_s:.2f}s"
                 if after > capacity.queue_sequences else "")
         eta = f"; predicted TTFT {predicted:.2f}s" if predicted is not None else ""
-        return Queue(f"queued: {why_wait}; {after}/{bound} sequences waiting{held}{eta}", len(ahead) + 1)
+        return Enqueue(f"queued: {why_wait}; {after}/{bound} sequences waiting{held}{eta}", len(ahead) + 1)
     behind = sum(1 for a in waiting.asks if a.priority < ask.priority)
     no_evict = (f"; {behind} lower-priority request(s) were accepted first and are not dropped"
                 if behind else "")

@@ -1,5 +1,6 @@
 """Admission at one replica: accept a request now, or refuse it with a reason and a Retry-After.
-Pure. Each replica keeps this cap as a safety net; the ingress admits per model in queue.py.
+Pure. Each replica keeps this cap as a safety net (`admit_to_replica`); clients meet the ingress
+queue's `admit` (queue.py), per model.
 
 A replica accepts up to `max_in_flight` requests: the engine's running batch plus a bounded
 queue. Past that, waiting would only grow TTFT for everyone already accepted, so the
@@ -39,7 +40,7 @@ class Reject:
     code: str = "overloaded"
 
 
-def admit(load: AdmissionLoad, budget: AdmissionBudget) -> Admit | Reject:
+def admit_to_replica(load: AdmissionLoad, budget: AdmissionBudget) -> Admit | Reject:
     if load.in_flight < budget.max_in_flight:
         return Admit(reason=f"{load.in_flight + 1}/{budget.max_in_flight} in flight")
     excess = load.in_flight - budget.max_in_flight + 1

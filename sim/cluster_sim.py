@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hbmserve.autoscale.roles import VictimCandidate, scale_down_victims
+from hbmserve.core.config import SloSeconds
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
 from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest
 from hbmserve.routing.choose import choose
@@ -46,12 +47,6 @@ _STEP, _READY, _TICK, _SAMPLE = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
-class SLOSpec:
-    ttft_s: float = 2.0
-    tpot_s: float = 0.1
-
-
-@dataclass(frozen=True)
 class PolicyBinding:
     policy: Policy
     initial_state: Any = None
@@ -66,7 +61,7 @@ class SimCluster:
     deployment: Deployment
     engine: EngineConfig
     replicas: int
-    slo: SLOSpec = SLOSpec()
+    slo: SloSeconds = SloSeconds()
     usd_per_gpu_hour: float | None = None  # None: the deployment GPU's catalog price
 
 
@@ -74,7 +69,7 @@ def cluster_for(sc: Scenario, replicas: int | None = None) -> SimCluster:
     """The simulated cluster a config entry stands for (capacity/scenario.py): its deployment,
     engine, SLO and price; `replicas` at start (default: the entry's)."""
     return SimCluster(sc.deployment, sc.engine, sc.replicas if replicas is None else replicas,
-                      SLOSpec(sc.slo_ttft_s, sc.slo_tpot_s), sc.usd_per_gpu_hour)
+                      SloSeconds(sc.slo_ttft_s, sc.slo_tpot_s), sc.usd_per_gpu_hour)
 
 
 class _Replica:

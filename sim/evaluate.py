@@ -3,7 +3,7 @@ the loop - the very `decide` the live adapter calls, taken from the registry - a
 attainment, GPU-hours, dollars, scale actions and dropped requests.
 
 Every policy sees the same cluster, told to it through the one AutoscaleConfig the live system
-would build for the model (autoscale/config.py `autoscale_config_for`), from which each
+would build for the model (autoscale/policy_config.py `autoscale_config_for`), from which each
 baseline derives its own (autoscale/registry.py):
   - bounds, queue target, pools, delays and start-up times from the cluster file's
     `autoscaling`, TTFT and TPOT targets from `slo`;
@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from hbmserve.autoscale.config import autoscale_config_for
-from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.policy_config import autoscale_config_for
+from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.registry import POLICIES, PolicyEntry
 from hbmserve.traces.arrivals import Arrivals
 from hbmserve.capacity.scenario import Scenario, tpot_floor_s

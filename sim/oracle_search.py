@@ -42,7 +42,7 @@ import numpy as np
 
 from hbmserve.autoscale.baselines import StaticPeakConfig
 from hbmserve.autoscale.oracle import OracleConfig, cover
-from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.registry import POLICIES, PolicyEntry
 from hbmserve.traces.arrivals import Arrivals
 from hbmserve.sim.evaluate import EvalCluster, EvalResult, run_policy

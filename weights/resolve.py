@@ -19,7 +19,7 @@ from pathlib import Path
 from hbmserve.core.cache_spec import WeightCacheSpec
 from hbmserve.weights.cache import Acquired, WeightCache
 from hbmserve.weights.errors import SourceUnavailable
-from hbmserve.weights.metrics import CacheMetrics
+from hbmserve.weights.cache_metrics import CacheMetrics
 from hbmserve.weights.sources import LocalDirSource, SourceOptions, parse_source
 
 # (bytes just written, total bytes of the model); the CLI draws its progress bar from it.

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hbmserve.autoscale.baselines import RayDefaultConfig
-from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.registry import POLICIES
 from hbmserve.traces.arrivals import Arrivals, read_trace
 from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals

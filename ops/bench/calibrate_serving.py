@@ -37,7 +37,6 @@ from hbmserve.core.config import load_cluster_spec
 from hbmserve.ops.bench_figures import MAPE_KEYS, BenchFigures, RequestRecord, figures_of
 from hbmserve.ops.bench_predict import model_for, predict
 from hbmserve.ops.loadgen import arrivals_of
-from hbmserve.sim.cluster_sim import SLOSpec
 
 # The figures fitted and reported: the ones `bench --predict` takes its MAPE over.
 KEYS = MAPE_KEYS
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     catalog = load_catalog()
     base = scenario_for(model, catalog).deployment.gpu  # the profile --predict simulates (sim: sim.gpu)
     gpu = base.name
-    slo = SLOSpec(model.slo.ttft_p95_ms / 1e3, model.slo.tpot_p95_ms / 1e3)
+    slo = model.slo.seconds()
 
     def predicted(profile: GpuProfile, run: Run) -> BenchFigures:
         return predict(model, arrivals_of(list(run.records)), slo, {**catalog, gpu: profile}).figures

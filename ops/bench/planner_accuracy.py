@@ -29,11 +29,12 @@ from hbmserve.capacity.hardware import get_gpu, load_catalog
 from hbmserve.capacity.model_shape import load_model_shape
 from hbmserve.capacity.perf_model import Deployment, cost_model, memory_fit
 from hbmserve.capacity.slo_cap import budget_for, chunk_step_s
-from hbmserve.sim.cluster_sim import SimCluster, SLOSpec, simulate
+from hbmserve.sim.cluster_sim import SimCluster, simulate
+from hbmserve.core.config import SloSeconds
 from hbmserve.planning.confirm import simulated_capacity_rps
 from hbmserve.planning.planner import SearchSpace, plan, workload_of
 
-SLO = SLOSpec(2.0, 0.1)
+SLO = SloSeconds(2.0, 0.1)
 MODEL = "llama-3.1-70b"
 
 

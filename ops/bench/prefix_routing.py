@@ -37,7 +37,8 @@ from hbmserve.capacity.model_shape import load_model_shape
 from hbmserve.capacity.perf_model import Deployment, memory_fit
 from hbmserve.traces.prefix_trace import PrefixTraceSpec, prefix_arrivals
 from hbmserve.routing.routers import ROUTERS
-from hbmserve.sim.cluster_sim import SimCluster, SLOSpec, simulate
+from hbmserve.sim.cluster_sim import SimCluster, simulate
+from hbmserve.core.config import SloSeconds
 
 METRICS = ("ttft_p50_s", "ttft_p95_s", "prefix_hit_rate", "output_tok_s")
 
@@ -62,7 +63,7 @@ def cluster(cfg: BenchConfig) -> SimCluster:
     eng = EngineConfig(num_blocks=memory_fit(dep).kv_tokens // 16, block_size=16, max_num_seqs=256,
                        max_num_batched_tokens=8192, max_model_len=cfg.max_model_len,
                        enable_prefix_caching=True, hash_block_tokens=cfg.prefix.block_tokens)
-    return SimCluster(dep, eng, cfg.replicas, SLOSpec(2.0, 0.1))
+    return SimCluster(dep, eng, cfg.replicas, SloSeconds(2.0, 0.1))
 
 
 def traces(cfg: BenchConfig) -> Mapping[str, Callable[[int], Arrivals]]:

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from hbmserve.traces.arrivals import read_trace
-from hbmserve.sim.cluster_sim import SimCluster, SLOSpec, simulate
+from hbmserve.sim.cluster_sim import SimCluster, simulate
+from hbmserve.core.config import SloSeconds
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu, load_catalog
 from hbmserve.capacity.model_shape import load_model_shape
@@ -41,7 +42,7 @@ def sim_case(arr, model: str, gpu: str, tp: int, replicas: int) -> tuple[float, 
     eng = EngineConfig(num_blocks=memory_fit(dep).kv_tokens // 16, max_num_seqs=256, max_num_batched_tokens=8192,
                        max_model_len=16384)
     t0 = time.perf_counter()
-    s = simulate(SimCluster(dep, eng, replicas, SLOSpec(2.0, 0.1)), arr).summary
+    s = simulate(SimCluster(dep, eng, replicas, SloSeconds(2.0, 0.1)), arr).summary
     wall = time.perf_counter() - t0
     return wall, {"finished": s.finished, "ttft_p95_s": s.ttft.p95, "tpot_p95_s": s.tpot.p95,
                   "slo_attainment": s.slo_attainment, "usd_per_mtok": s.usd_per_mtok}
@@ -50,7 +51,7 @@ def sim_case(arr, model: str, gpu: str, tp: int, replicas: int) -> tuple[float, 
 def plan_case(arr, confirm_top: int) -> tuple[float, dict]:
     gpus = [g for n, g in load_catalog().items() if n != "cpu-local"]
     t0 = time.perf_counter()
-    res = plan(load_model_shape("llama-3.1-70b"), gpus, arr, SLOSpec(2.0, 0.1), SearchSpace(), confirm_top=confirm_top)
+    res = plan(load_model_shape("llama-3.1-70b"), gpus, arr, SloSeconds(2.0, 0.1), SearchSpace(), confirm_top=confirm_top)
     wall = time.perf_counter() - t0
     top = res.plans[0]
     return wall, {"configs": res.configs_evaluated, "simulated": res.simulated,

@@ -96,7 +96,7 @@ def test_planned_replicas_land_on_their_islands_and_serve_one_endpoint(live):
     assert endpoints == {"sim-tp2": f"http://127.0.0.1:{PORT}"}
 
     expected = plan_model(spec.models[0], topology)
-    planned = {deployment_name(spec.models[0], r.index): r.stages[0] for r in expected.replicas}
+    planned = {slot_deployment_name(spec.models[0], r.index): r.stages[0] for r in expected.replicas}
     # By hand: the replicas spread over both nodes, each TP pair inside one NV4 pair.
     assert sorted(s.node for s in planned.values()) == ["pairs-a", "pairs-b"]
 
@@ -190,7 +190,7 @@ def test_a_replica_the_autoscaler_adds_lands_on_its_planned_island_and_verifies(
     assert [(o["node"], o["gpu"]) for o in report["observed"]] == list(zip([stage.node] * 2, stage.gpus))
     assert {ISLAND_OF_GPU[o["gpu"]] for o in report["observed"]} == {ISLAND_OF_GPU[stage.gpus[0]]}
     # Ray's own view: slot 1's bundles sit on its planned node; both replicas take traffic.
-    assert _serve_group_nodes().get(deployment_name(spec.models[0], 1)) == [stage.node] * 2
+    assert _serve_group_nodes().get(slot_deployment_name(spec.models[0], 1)) == [stage.node] * 2
     deadline = time.monotonic() + 10  # the added replica is promoted on the policy's next tick
     while len(decision["active_replicas"]) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)

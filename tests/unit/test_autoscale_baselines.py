@@ -8,7 +8,7 @@ import math
 import pytest
 
 from hbmserve.autoscale import baselines as bl
-from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.oracle import OracleConfig
 from hbmserve.autoscale.registry import POLICIES
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot

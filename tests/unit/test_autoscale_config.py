@@ -18,8 +18,8 @@ import yaml
 from typer.testing import CliRunner
 
 from hbmserve.autoscale import registry
-from hbmserve.autoscale.config import autoscale_config_for
-from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.policy_config import autoscale_config_for
+from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.capacity.hardware import load_catalog
 from hbmserve.capacity.scenario import scenario_for, tpot_floor_s
 from hbmserve.cli.main import build_app

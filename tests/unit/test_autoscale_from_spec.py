@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hbmserve.autoscale.config import autoscale_config_for
+from hbmserve.autoscale.policy_config import autoscale_config_for
 from hbmserve.control.autoscaling import POLICY_PATH
 from hbmserve.apps.autoscaling_options import live_capacity, serve_autoscaling_config
 from hbmserve.core.config import parse_cluster_spec

@@ -10,14 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hbmserve.autoscale.policy import (
-    AutoscaleConfig,
-    PolicyState,
-    decide,
-    plan_promotions,
-    rate_need,
-    tier_sequence,
-)
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.autoscale.policy import PolicyState, decide, plan_promotions, rate_need, tier_sequence
 from hbmserve.autoscale.signals import RateTrend
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot, Tier
 

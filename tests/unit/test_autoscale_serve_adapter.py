@@ -13,7 +13,8 @@ import math
 import pytest
 
 from hbmserve.control import autoscaling as sa
-from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.autoscale.policy import PolicyState, decide
 from hbmserve.core.records import IngressDemand, RecordError
 from hbmserve.core.scaling import ReplicaState, Tier
 from hbmserve.apps.autoscaling_options import serve_autoscaling_config

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.autoscale.policy import PolicyState, decide
 from hbmserve.autoscale.stages import (Needs, Signals, Wish, apply_hysteresis, explain, hold_pool,
                                       needs_of, pool_for, read_signals, wish)
 from hbmserve.autoscale.warm_pool import PoolHold, PoolSizing

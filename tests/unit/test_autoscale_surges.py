@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.autoscale.policy import PolicyState, decide
 from hbmserve.autoscale.signals import RateTrend, update_trend
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot, Tier
 from hbmserve.autoscale.warm_pool import PoolEconomics, size_pool

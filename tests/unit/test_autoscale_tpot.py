@@ -8,10 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.autoscale.policy import PolicyState, decide
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
 from hbmserve.traces.arrivals import Arrivals
-from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
+from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, simulate
+from hbmserve.core.config import SloSeconds
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu
 from hbmserve.capacity.model_shape import load_model_shape
@@ -122,7 +124,7 @@ def test_config_rejects_a_non_positive_tpot_target():
 
 
 def test_from_spec_takes_the_tpot_target_from_the_model_slo():
-    from hbmserve.autoscale.config import autoscale_config_for
+    from hbmserve.autoscale.policy_config import autoscale_config_for
     from hbmserve.core.config import parse_cluster_spec
 
     spec = parse_cluster_spec({"models": [{
@@ -145,7 +147,7 @@ def test_the_simulator_reports_each_finished_requests_tpot_in_the_window():
         seen.append(snapshot)
         return ScaleDecision(1, {}, "spy"), state
 
-    res = simulate(SimCluster(dep, eng, 1, SLOSpec(2.0, 0.1)), arr,
+    res = simulate(SimCluster(dep, eng, 1, SloSeconds(2.0, 0.1)), arr,
                    PolicyBinding(spy, None, 0.25, 30.0, {Tier.HOT: 5.0, Tier.WARM: 60.0,
                                                          Tier.COLD: 600.0}))
     assert res.summary.finished == 2
@@ -171,7 +173,7 @@ def test_the_simulators_rate_before_its_window_fills_is_over_the_part_seen():
         seen[snapshot.now] = snapshot.arrival_rate_rps
         return ScaleDecision(1, {}, "spy"), state
 
-    simulate(SimCluster(dep, eng, 1, SLOSpec(2.0, 0.1)), arr,
+    simulate(SimCluster(dep, eng, 1, SloSeconds(2.0, 0.1)), arr,
              PolicyBinding(spy, None, 1.0, 30.0, {Tier.HOT: 5.0, Tier.WARM: 60.0,
                                                   Tier.COLD: 600.0}))
     # 10 s in: 20 arrivals over the 10 s seen (not over the 30 s window: 0.67 req/s).

@@ -11,7 +11,8 @@ from hbmserve.autoscale import roles
 from hbmserve.core.scaling import ReplicaState, ScaleDecision, Snapshot, Tier
 from hbmserve.sim import cluster_sim
 from hbmserve.traces.arrivals import Arrivals, gamma_arrivals
-from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
+from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, simulate
+from hbmserve.core.config import SloSeconds
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu
 from hbmserve.capacity.model_shape import load_model_shape
@@ -24,7 +25,7 @@ LOAD = gamma_arrivals(2.0, 120.0, 1.0, prompt_tokens=300, output_tokens=50, seed
 
 
 def cluster(replicas: int) -> SimCluster:
-    return SimCluster(DEP, ENG, replicas, SLOSpec(2.0, 0.1))
+    return SimCluster(DEP, ENG, replicas, SloSeconds(2.0, 0.1))
 
 
 def scripted(snapshot: Snapshot, state, *, steps, standby=None):

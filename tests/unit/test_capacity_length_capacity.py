@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.capacity.hardware import get_gpu
 from hbmserve.capacity.length_capacity import CapacityTable, LengthStats, capacity_table, replica_capacity_rps
 from hbmserve.capacity.model_shape import load_model_shape

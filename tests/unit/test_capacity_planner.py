@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hbmserve.traces.arrivals import gamma_arrivals
-from hbmserve.sim.cluster_sim import SLOSpec
+from hbmserve.core.config import SloSeconds
 from hbmserve.capacity.hardware import get_gpu, load_catalog
 from hbmserve.capacity.model_shape import load_model_shape
 from hbmserve.capacity.perf_model import Deployment, cost_model, memory_fit
@@ -37,11 +37,11 @@ def test_default_search_space_spans_the_layouts_and_formats_without_known_loss()
 
 @pytest.fixture(scope="module")
 def two_confirmed():
-    return plan(M8, [get_gpu("h100-sxm"), get_gpu("l40s")], LOAD, SLOSpec(2.0, 0.1), SMALL, confirm_top=2)
+    return plan(M8, [get_gpu("h100-sxm"), get_gpu("l40s")], LOAD, SloSeconds(2.0, 0.1), SMALL, confirm_top=2)
 
 
 def test_feasible_plan_is_confirmed_by_simulation_and_meets_the_slo(two_confirmed):
-    slo, res = SLOSpec(2.0, 0.1), two_confirmed
+    slo, res = SloSeconds(2.0, 0.1), two_confirmed
     assert res.feasible and res.simulated >= 1
     top = res.plans[0]
     assert top.source == "simulated" and top.feasible and top.status == "confirmed"
@@ -55,7 +55,7 @@ def test_feasible_plan_is_confirmed_by_simulation_and_meets_the_slo(two_confirme
 
 
 def test_only_simulated_plans_rank_as_feasible_and_candidates_say_so():
-    res = plan(M8, [get_gpu("h100-sxm"), get_gpu("l40s")], LOAD, SLOSpec(2.0, 0.1), SMALL, confirm_top=1)
+    res = plan(M8, [get_gpu("h100-sxm"), get_gpu("l40s")], LOAD, SloSeconds(2.0, 0.1), SMALL, confirm_top=1)
     statuses = [p.status for p in res.plans]
     assert res.simulated == 1 and statuses.count("confirmed") + statuses.count("missed") == 1
     assert all(p.source == "simulated" for p in res.plans if p.feasible)
@@ -92,30 +92,30 @@ def test_on_prompt_heavy_traffic_the_analytic_capacity_is_within_25_percent_of_t
     analytic, _ = capacity_rps(cost_model(dep), EngineKnobs(128, 1344, True, kv), workload_of(lengths), 2.0, 0.1,
                                utilisation_cap=1.0)
     eng = EngineConfig(num_blocks=kv // 16, max_num_seqs=128, max_num_batched_tokens=1344, max_model_len=16384)
-    measured = simulated_capacity_rps(dep, eng, SLOSpec(2.0, 0.1), lengths, analytic, n=600)
+    measured = simulated_capacity_rps(dep, eng, SloSeconds(2.0, 0.1), lengths, analytic, n=600)
     assert abs(analytic / measured - 1) <= 0.25, (analytic, measured)
 
 
 def test_lossy_formats_only_when_asked_and_flagged():
     space = SearchSpace(tps=(1,), pps=(1,), quantizations=(None, "int4"), max_num_seqs=(64,),
                         max_num_batched_tokens=(2048,), chunked_prefill=(True,))
-    res = plan(M8, [get_gpu("h100-sxm")], LOAD, SLOSpec(2.0, 0.1), space, confirm_top=0)
+    res = plan(M8, [get_gpu("h100-sxm")], LOAD, SloSeconds(2.0, 0.1), space, confirm_top=0)
     by_fmt = {p.quantization: p for p in res.plans}
     assert by_fmt["bf16"].quality_note is None
     assert "accuracy" in by_fmt["int4"].quality_note and by_fmt["int4"].to_json_dict()["quality_note"]
-    default = plan(M8, [get_gpu("h100-sxm")], LOAD, SLOSpec(2.0, 0.1), SearchSpace(tps=(1,), pps=(1,)), confirm_top=0)
+    default = plan(M8, [get_gpu("h100-sxm")], LOAD, SloSeconds(2.0, 0.1), SearchSpace(tps=(1,), pps=(1,)), confirm_top=0)
     assert {p.quantization for p in default.plans} == {"bf16", "fp8"}
 
 
 def test_impossible_tpot_is_infeasible_with_the_blocker_named():
-    res = plan(M8, [get_gpu("h100-sxm")], LOAD, SLOSpec(2.0, 0.001), SMALL, confirm_top=1)
+    res = plan(M8, [get_gpu("h100-sxm")], LOAD, SloSeconds(2.0, 0.001), SMALL, confirm_top=1)
     assert not res.feasible
     assert "TPOT" in res.plans[0].reason
     assert res.why.startswith("No configuration meets")
 
 
 def test_weights_that_do_not_fit_are_reported():
-    res = plan(load_model_shape("llama-3.1-405b"), [get_gpu("l40s")], LOAD, SLOSpec(5.0, 0.5),
+    res = plan(load_model_shape("llama-3.1-405b"), [get_gpu("l40s")], LOAD, SloSeconds(5.0, 0.5),
                SearchSpace(tps=(1,), pps=(1,), quantizations=(None,), max_num_seqs=(64,),
                            max_num_batched_tokens=(2048,), chunked_prefill=(True,)), confirm_top=1)
     assert not res.feasible and "weights need" in res.plans[0].reason
@@ -144,6 +144,6 @@ def test_costs_within_two_percent_tie_and_headroom_breaks_the_tie():
     def cand(usd, tpot):
         return PlanCandidate("h100-sxm", 1, 1, 1, 0, "bf16", 64, 2048, True, 0.5, tpot, usd, "confirmed", "")
 
-    slo = SLOSpec(1.0, 0.1)
+    slo = SloSeconds(1.0, 0.1)
     a, b, c = cand(1.00, 0.095), cand(1.01, 0.050), cand(1.10, 0.010)
     assert _rank_by_cost_then_headroom([c, a, b], slo) == [b, a, c]

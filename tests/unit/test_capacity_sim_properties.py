@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hbmserve.traces.arrivals import Arrivals
-from hbmserve.sim.cluster_sim import SimCluster, SLOSpec, simulate
+from hbmserve.sim.cluster_sim import SimCluster, simulate
+from hbmserve.core.config import SloSeconds
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu
 from hbmserve.capacity.model_shape import load_model_shape
@@ -44,7 +45,7 @@ def scenarios(draw):
 @given(scenarios())
 def test_every_request_finishes_exactly_once_and_kv_never_overflows(case):
     arr, cfg, replicas = case
-    res = simulate(SimCluster(DEP, cfg, replicas, SLOSpec()), arr)
+    res = simulate(SimCluster(DEP, cfg, replicas, SloSeconds()), arr)
     s = res.summary
     too_long = int(np.count_nonzero(arr.prompt + arr.output > cfg.max_model_len))
     assert s.rejected == too_long
@@ -59,7 +60,7 @@ def test_every_request_finishes_exactly_once_and_kv_never_overflows(case):
 @given(scenarios())
 def test_throughput_never_exceeds_the_roofline(case):
     arr, cfg, replicas = case
-    res = simulate(SimCluster(DEP, cfg, replicas, SLOSpec()), arr)
+    res = simulate(SimCluster(DEP, cfg, replicas, SloSeconds()), arr)
     roof = COST.roofline_tokens_per_s()
     floor = COST.min_step_time()
     for r in res.replicas:
@@ -76,6 +77,6 @@ def test_first_token_precedes_finish_and_latencies_are_positive(n, seed):
     rng = np.random.default_rng(seed)
     arr = Arrivals(np.sort(rng.uniform(0, 10, n)), rng.integers(1, 500, n), rng.integers(1, 300, n))
     cfg = EngineConfig(num_blocks=200, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=MAX_LEN)
-    s = simulate(SimCluster(DEP, cfg, 1, SLOSpec()), arr).summary
+    s = simulate(SimCluster(DEP, cfg, 1, SloSeconds()), arr).summary
     assert s.ttft.p50 is not None and s.ttft.p50 > 0
     assert s.e2e.p99 >= s.ttft.p99 - 1e-12 or s.e2e.p50 >= s.ttft.p50

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hbmserve.routing.replica_cap import Admit, AdmissionBudget, Reject, AdmissionLoad, admit
+from hbmserve.routing.replica_cap import Admit, AdmissionBudget, Reject, AdmissionLoad, admit_to_replica
 from hbmserve.replica.replica_http import EngineLoad
 from hbmserve.replica.replica_middleware import LoadCounters, ReplicaMiddleware
 
 
 def test_admits_below_budget_and_rejects_at_it():
     b = AdmissionBudget(max_in_flight=4)
-    assert isinstance(admit(AdmissionLoad(3), b), Admit)
-    r = admit(AdmissionLoad(4), b)
+    assert isinstance(admit_to_replica(AdmissionLoad(3), b), Admit)
+    r = admit_to_replica(AdmissionLoad(4), b)
     assert isinstance(r, Reject)
     assert "4 requests in flight (limit 4)" in r.reason
     assert r.retry_after_s == 1  # no pace known yet: the default
@@ -25,13 +25,13 @@ def test_admits_below_budget_and_rejects_at_it():
 
 def test_retry_after_drains_excess_at_observed_pace():
     # 10 in flight, limit 4: 7 must finish before a slot frees; at 2 rps that is 3.5 s -> 4.
-    r = admit(AdmissionLoad(10, completion_rate_rps=2.0), AdmissionBudget(4))
+    r = admit_to_replica(AdmissionLoad(10, completion_rate_rps=2.0), AdmissionBudget(4))
     assert isinstance(r, Reject) and r.retry_after_s == 4
 
 
 @given(st.integers(0, 10_000), st.integers(1, 1000), st.none() | st.floats(0.01, 1000))
 def test_admission_is_a_threshold_with_positive_retry(in_flight, limit, rate):
-    d = admit(AdmissionLoad(in_flight, rate), AdmissionBudget(limit))
+    d = admit_to_replica(AdmissionLoad(in_flight, rate), AdmissionBudget(limit))
     assert isinstance(d, Admit) == (in_flight < limit)
     if isinstance(d, Reject):
         assert d.retry_after_s >= 1

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from hbmserve.ops.bench_figures import (FIGURE_KEYS, MAPE_KEYS, RequestRecord, compare, figures_of,
                                         figures_of_summary, relative_error_pct)
-from hbmserve.sim.cluster_sim import SLOSpec
+from hbmserve.core.config import SloSeconds
 from hbmserve.sim.metrics import LatencyStats, summarize
 
 
@@ -33,7 +33,7 @@ def test_a_hand_worked_run():
         failed(3, 2.5, "429"),
         failed(4, 3.0, "timeout"),
     ]
-    f = figures_of(records, SLOSpec(ttft_s=0.4, tpot_s=0.15))
+    f = figures_of(records, SloSeconds(ttft_s=0.4, tpot_s=0.15))
     assert (f.sent, f.ok, f.errors, dict(f.errors_by_kind)) == (5, 3, 2, {"429": 1, "timeout": 1})
     assert f.ttft.p50 == pytest.approx(0.3) and f.ttft.mean == pytest.approx(0.3)
     assert f.tpot.p50 == pytest.approx(0.15)  # median of 0.1 and 0.2
@@ -53,11 +53,11 @@ def test_no_slo_means_no_goodput_and_an_open_loop_reports_its_lag():
 
 
 def test_all_failed_is_zero_throughput_and_empty_latencies():
-    f = figures_of([failed(0, 0.0, "connection"), failed(1, 1.0, "connection")], SLOSpec(1, 1))
+    f = figures_of([failed(0, 0.0, "connection"), failed(1, 1.0, "connection")], SloSeconds(1, 1))
     assert (f.ok, f.request_rps, f.slo_attainment, f.ttft.p50) == (0, 0.0, 0.0, None)
     assert f.to_json_dict()["errors_by_kind"] == {"connection": 2}
     # Found by hypothesis: a lone failure sent at a subnormal time made the span tiny, 0 x inf NaN.
-    f = figures_of([failed(0, 5e-324, "429")], SLOSpec(1, 1))
+    f = figures_of([failed(0, 5e-324, "429")], SloSeconds(1, 1))
     assert (f.request_rps, f.goodput_rps, f.output_tok_s) == (0.0, 0.0, 0.0)
 
 
@@ -72,7 +72,7 @@ record = st.builds(
 @settings(max_examples=60, deadline=None)
 @given(st.lists(record, max_size=40), st.floats(1e-3, 5), st.floats(1e-3, 1))
 def test_properties_of_any_run(records, slo_ttft, slo_tpot):
-    f = figures_of(records, SLOSpec(slo_ttft, slo_tpot))
+    f = figures_of(records, SloSeconds(slo_ttft, slo_tpot))
     assert f.sent == len(records) == f.ok + f.errors
     for stats in (f.ttft, f.tpot, f.itl, f.e2e):
         if stats.p50 is not None:
@@ -92,7 +92,7 @@ def test_relative_error_is_signed_and_undefined_without_a_measurement():
 
 def _figures(ttft: float, tpot: float) -> object:
     rec = [ok(i, float(i), ttft, ttft + tpot * 9, 10) for i in range(20)]
-    return figures_of(rec, SLOSpec(1.0, 1.0))
+    return figures_of(rec, SloSeconds(1.0, 1.0))
 
 
 def test_compare_errors_per_figure_and_mape_over_ttft_tpot_p50_p95():
@@ -127,4 +127,4 @@ def test_a_simulated_engines_clock_divides_latencies_and_multiplies_rates():
     assert f.span_s == pytest.approx(2.0) and f.request_rps == pytest.approx(2 / 2.0)
     assert f.output_tok_s == pytest.approx(20 / 2.0) and f.goodput_rps == pytest.approx(2 / 2.0)
     assert (f.sent, f.ok, dict(f.errors_by_kind)) == (3, 2, {"400": 1})
-    assert f.slo == SLOSpec(0.4, 0.1) and f.slo_attainment == pytest.approx(2 / 3)
+    assert f.slo == SloSeconds(0.4, 0.1) and f.slo_attainment == pytest.approx(2 / 3)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from hbmserve.traces.arrivals import Arrivals, read_trace
 from hbmserve.cli.main import build_app
 from hbmserve.core.config import ConfigError, load_cluster_spec, parse_cluster_spec
-from hbmserve.sim.cluster_sim import SLOSpec
+from hbmserve.core.config import SloSeconds
 from hbmserve.ops.bench_predict import model_for, predict
 
 CONFIG = """
@@ -44,7 +44,7 @@ def test_the_prediction_is_what_hbmserve_simulate_reports_for_the_same_requests(
     assert r.exit_code == 0, r.output
     simulated = json.loads(r.stdout)
     m = load_cluster_spec(cfg).models[0]
-    p = predict(m, read_trace(trace), SLOSpec(m.slo.ttft_p95_ms / 1e3, m.slo.tpot_p95_ms / 1e3))
+    p = predict(m, read_trace(trace), m.slo.seconds())
     got = p.figures.to_json_dict()
     for key in ("ttft_p50_s", "ttft_p95_s", "tpot_p95_s", "itl_p99_s", "e2e_p90_s", "output_tok_s", "goodput_rps",
                 "slo_attainment"):
@@ -55,9 +55,9 @@ def test_the_prediction_is_what_hbmserve_simulate_reports_for_the_same_requests(
 def test_a_simulated_engine_runs_on_a_clock_speedup_times_faster():
     rng = np.random.default_rng(1)
     arr = Arrivals(np.sort(rng.uniform(0, 2, 40)), rng.integers(100, 800, 40), rng.integers(10, 60, 40))
-    fast = predict(sim_model(20.0), arr, SLOSpec(0.05, 0.002))
+    fast = predict(sim_model(20.0), arr, SloSeconds(0.05, 0.002))
     # The same cluster at 1x, sent the same requests 20x slower and judged by a 20x looser SLO.
-    slow = predict(sim_model(1.0), arr.scaled(20.0), SLOSpec(1.0, 0.04))
+    slow = predict(sim_model(1.0), arr.scaled(20.0), SloSeconds(1.0, 0.04))
     assert fast.clock == 20.0 and "20x simulated engine" in fast.layout
     assert fast.figures.ttft.p95 == pytest.approx(slow.figures.ttft.p95 / 20)
     assert fast.figures.tpot.p50 == pytest.approx(slow.figures.tpot.p50 / 20)

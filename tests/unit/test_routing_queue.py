@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from hbmserve.routing.replica_cap import Admit, Reject
-from hbmserve.routing.queue import (QUEUE_FULL, SLO_UNREACHABLE, Ask, ModelCapacity, Queue, Waiting,
+from hbmserve.routing.queue import (QUEUE_FULL, SLO_UNREACHABLE, Ask, ModelCapacity, Enqueue, Waiting,
                                     admit, expired, next_to_run, predict_ttft)
 
 
@@ -34,12 +34,12 @@ def test_admits_when_sequences_and_tokens_fit():
 def test_tokens_bound_as_well_as_sequences():
     # 3800 + 300 = 4100 > 4000 tokens although 1 + 4 sequences would fit: it waits.
     d = admit(ask(sequences=4), replace(CAP, in_flight_sequences=1, in_flight_tokens=3800), Waiting(), 0.0)
-    assert isinstance(d, Queue) and d.position == 1 and "3800/4000 tokens" in d.reason
+    assert isinstance(d, Enqueue) and d.position == 1 and "3800/4000 tokens" in d.reason
 
 
 def test_newcomer_never_overtakes_the_queue_but_outranks_lower_priorities():
     same = admit(ask(priority=1), CAP, Waiting((ask(priority=1),)), 0.0)
-    assert isinstance(same, Queue) and same.position == 2
+    assert isinstance(same, Enqueue) and same.position == 2
     assert "1 request(s) of priority >= 1 waiting ahead" in same.reason
     # Only a lower priority waits (it did not fit: a big ask); the newcomer fits and goes first.
     higher = admit(ask(priority=2), CAP, Waiting((ask(priority=1, sequences=9),)), 0.0)
@@ -83,17 +83,17 @@ def test_slo_refusal_at_once_with_retry_after_from_the_prediction():
     assert isinstance(late, Reject) and late.code == SLO_UNREACHABLE and late.retry_after_s == 2
     assert "predicted time to first token 2.30s exceeds the SLO of 1s" in late.reason
     ok = admit(ask(prompt=500), replace(BUSY, ttft_slo_s=3.0), QUEUED, 0.0)
-    assert isinstance(ok, Queue) and ok.position == 3 and "predicted TTFT 2.30s" in ok.reason
+    assert isinstance(ok, Enqueue) and ok.position == 3 and "predicted TTFT 2.30s" in ok.reason
     # The same ask at priority 1 (0.30 s) meets a 1 s SLO and goes to the head of the queue.
     first = admit(ask(priority=1, prompt=500), replace(BUSY, ttft_slo_s=1.0), QUEUED, 0.0)
-    assert isinstance(first, Queue) and first.position == 1
+    assert isinstance(first, Enqueue) and first.position == 1
 
 
 def test_no_slo_no_early_refusal_and_no_pace_no_prediction():
-    assert isinstance(admit(ask(prompt=500), BUSY, QUEUED, 0.0), Queue)  # 2.30 s, but no SLO
+    assert isinstance(admit(ask(prompt=500), BUSY, QUEUED, 0.0), Enqueue)  # 2.30 s, but no SLO
     blind = replace(BUSY, completion_sequences_per_s=None, ttft_slo_s=0.1)
     assert predict_ttft(ask(), blind, QUEUED, 0.0) is None
-    assert isinstance(admit(ask(), blind, QUEUED, 0.0), Queue)
+    assert isinstance(admit(ask(), blind, QUEUED, 0.0), Enqueue)
 
 
 def test_arriving_capacity_counts_when_sooner():
@@ -101,7 +101,7 @@ def test_arriving_capacity_counts_when_sooner():
     # room at 0.5 s (not 2.25 s); TTFT = max(0.5, 0.2) + 0.05 = 0.55 s, within a 1 s SLO.
     helped = replace(BUSY, ttft_slo_s=1.0, help_arriving_s=0.5, help_sequences=16)
     assert predict_ttft(ask(prompt=500), helped, QUEUED, 0.0) == pytest.approx(0.55)
-    assert isinstance(admit(ask(prompt=500), helped, QUEUED, 0.0), Queue)
+    assert isinstance(admit(ask(prompt=500), helped, QUEUED, 0.0), Enqueue)
     # Help too small (4): 9 - 2 - 4 = 3 left after 0.5 s, at 4/s: 0.5 + 0.75 = 1.25 s (< 2.25 s).
     assert predict_ttft(ask(prompt=500), replace(helped, help_sequences=4), QUEUED, 0.0) == pytest.approx(1.30)
     # Help later than completions alone: 2.25 s still wins over 10 s.
@@ -110,16 +110,16 @@ def test_arriving_capacity_counts_when_sooner():
 
 def _burst(capacity: ModelCapacity, n: int) -> tuple[int, int, int]:
     """n asks of n=1 arrive at once; the ingress admits or queues as told. (admitted, queued, refused)"""
-    counts = {Admit: 0, Queue: 0, Reject: 0}
+    counts = {Admit: 0, Enqueue: 0, Reject: 0}
     waiting: list[Ask] = []
     for i in range(n):
         a = ask(tenant=f"c{i}")
         d = admit(a, replace(capacity, in_flight_sequences=counts[Admit], in_flight_tokens=150 * counts[Admit]),
                   Waiting(tuple(waiting)), 0.0)
         counts[type(d)] += 1
-        if isinstance(d, Queue):
+        if isinstance(d, Enqueue):
             waiting.append(a)
-    return counts[Admit], counts[Queue], counts[Reject]
+    return counts[Admit], counts[Enqueue], counts[Reject]
 
 
 def test_a_burst_is_held_while_a_standby_is_promoted():
@@ -259,7 +259,7 @@ class Ingress(RuleBasedStateMachine):
         if isinstance(d, Admit):
             self.accepted += 1
             self.start(a)
-        elif isinstance(d, Queue):
+        elif isinstance(d, Enqueue):
             self.accepted += 1
             assert d.position == ahead + 1
             assert after <= self.queue or (cap.help_in_time and after <= self.queue + self.per_replica)

@@ -18,7 +18,7 @@ from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest
 from hbmserve.ops.bench import prefix_routing
 from hbmserve.routing.routers import least_loaded, round_robin
 from hbmserve.routing.choose import choose
-from hbmserve.sim.cluster_sim import SimCluster, SLOSpec, simulate
+from hbmserve.sim.cluster_sim import SimCluster, simulate
 
 DEP = Deployment(load_model_shape("llama-3.1-8b"), get_gpu("h100-sxm"), tp=1)
 ENG = EngineConfig(num_blocks=20_000, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=4096,

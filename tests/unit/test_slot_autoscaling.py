@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.slots import leaving, slot_min_replicas, slot_targets
 from hbmserve.core.records import SlotStats
 from hbmserve.control import autoscaling as sa

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hbmserve.autoscale.config import autoscale_config_for
+from hbmserve.autoscale.policy_config import autoscale_config_for
 from hbmserve.traces.arrivals import Arrivals
 from hbmserve.capacity.engine_core import EngineConfig
 from hbmserve.capacity.hardware import get_gpu
@@ -16,7 +16,8 @@ from hbmserve.capacity.startup_measured import (ASSUMED_NODE_READY_S, load_measu
                                                 startup_inputs_for)
 from hbmserve.core.config import ConfigError, ModelSpec, parse_cluster_spec
 from hbmserve.core.scaling import ReplicaState, ScaleDecision, Tier
-from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, SLOSpec, simulate
+from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, simulate
+from hbmserve.core.config import SloSeconds
 
 # A measurement as ops/bench/cold_start.py writes it (the figures are this test's own).
 MEASURED = {
@@ -134,7 +135,7 @@ def _promotion(hot_s: float) -> tuple[float, float]:
         promote = snapshot.now >= 10
         return ScaleDecision(2 if promote else 1, {Tier.HOT: 0 if promote else 1}, "test"), state
 
-    res = simulate(SimCluster(dep, eng, 1, SLOSpec()), arr,
+    res = simulate(SimCluster(dep, eng, 1, SloSeconds()), arr,
                    PolicyBinding(policy, None, 0.5, 30.0, {Tier.HOT: hot_s, Tier.WARM: 60.0, Tier.COLD: 600.0},
                                  initial_standby={Tier.HOT: 1}))
     standby = res.replicas[1]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hbmserve.autoscale.policy import AutoscaleConfig
+from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.capacity.startup_timeline import (Phase, StartKind, StartupInputs, ratios, startup_s,
                                                 timeline)
 from hbmserve.core.scaling import Tier

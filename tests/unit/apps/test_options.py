@@ -19,7 +19,7 @@ from hbmserve.apps.model_app import build_model_app
 from hbmserve.apps.options import (ENGINE_HEALTH_CHECK_PERIOD_S, ENGINE_HEALTH_CHECK_TIMEOUT_S, ENGINE_SHUTDOWN_S,
                                    model_options, slot_options)
 from hbmserve.apps.placed_app import placed_specs, plan_model
-from hbmserve.autoscale.config import autoscale_config_for
+from hbmserve.autoscale.policy_config import autoscale_config_for
 from hbmserve.control.autoscaling import HbmServeAutoscalingPolicy
 from hbmserve.core.config import parse_cluster_spec
 from hbmserve.core.scaling import Tier

@@ -18,7 +18,8 @@ import random
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from hbmserve.autoscale.policy import AutoscaleConfig, PolicyState, decide
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.autoscale.policy import PolicyState, decide
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
 
 GOLDEN = Path(__file__).with_suffix(".json")

@@ -8,7 +8,7 @@ import json
 import typer
 from typer.testing import CliRunner
 
-from hbmserve.cli.cache import register
+from hbmserve.cli.weights_cache import register
 from hbmserve.weights.manifest import MANIFEST_NAME, manifest_of_dir
 
 

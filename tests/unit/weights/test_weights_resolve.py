@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 from hbmserve.core.cache_spec import GIB, WeightCacheSpec
 from hbmserve.core.config import ConfigError, parse_cluster_spec
 from hbmserve.weights.errors import SourceUnavailable
-from hbmserve.weights.metrics import CacheMetrics
+from hbmserve.weights.cache_metrics import CacheMetrics
 from hbmserve.weights.resolve import cache_for, resolve
 from hbmserve.weights.sources import SourceOptions
 

@@ -16,24 +16,21 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from hbmserve.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, fail
+
+err = Console(stderr=True)  # the progress bar
+
 if TYPE_CHECKING:
     from hbmserve.core.cache_spec import WeightCacheSpec
     from hbmserve.core.config import ClusterSpec
     from hbmserve.weights.cache import WeightCache
 
-EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
-err = Console(stderr=True)
 out = Console()
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="cluster YAML (its `cache:` section and models)")]
 RootOpt = Annotated[Optional[Path], typer.Option("--root", help="cache root; overrides the config's cache.root")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
 
 
 def _load(config: Optional[Path], root: Optional[Path]) -> tuple[WeightCacheSpec, ClusterSpec]:
@@ -42,7 +39,7 @@ def _load(config: Optional[Path], root: Optional[Path]) -> tuple[WeightCacheSpec
     try:
         cluster = load_cluster_spec(config)
     except ConfigError as e:
-        raise _fail(str(e), EXIT_BAD_INPUT) from None
+        raise fail(str(e), EXIT_BAD_INPUT) from None
     spec = cluster.cache if root is None else cluster.cache.model_copy(update={"root": str(root.resolve())})
     return spec, cluster
 
@@ -95,7 +92,7 @@ def prefetch(sources: Annotated[Optional[list[str]], typer.Argument(
                 got = resolve(source, spec, model=name, pin=pin,
                               progress=lambda n, total, t=task: bar.update(t, advance=n, total=total))
             except WeightCacheError as e:
-                raise _fail(str(e), EXIT_FAILED) from None
+                raise fail(str(e), EXIT_FAILED) from None
             got.release()  # a prefetch keeps nothing open: the entry stays until evicted
             bar.update(task, total=got.acquired.bytes_fetched or 1, completed=got.acquired.bytes_fetched or 1)
             a = got.acquired
@@ -122,19 +119,19 @@ def evict(targets: Annotated[Optional[list[str]], typer.Argument(help="keys, key
     spec, _ = _load(config, root)
     cache = cache_for(spec)
     if all_unused == bool(targets):
-        raise _fail("name entries to evict, or pass --all (not both)", EXIT_BAD_INPUT)
+        raise fail("name entries to evict, or pass --all (not both)", EXIT_BAD_INPUT)
     keys = [e.key for e in cache.ls() if not e.in_use and (force or not e.pinned)] if all_unused else []
     for t in targets or []:
         key = cache.find(t) or _find_by_source(cache, t)
         if key is None:
-            raise _fail(f"no cache entry matches {t!r} in {spec.root}", EXIT_BAD_INPUT)
+            raise fail(f"no cache entry matches {t!r} in {spec.root}", EXIT_BAD_INPUT)
         keys.append(key)
     evicted = []
     for key in keys:
         try:
             info = cache.evict(key, force=force)
         except WeightCacheError as e:  # in use, pinned without --force
-            raise _fail(str(e), EXIT_FAILED) from None
+            raise fail(str(e), EXIT_FAILED) from None
         evicted.append({"key": info.key, "source": info.source, "bytes": info.size_bytes})
     if json_out:
         out.print_json(json.dumps({"evicted": evicted}))
@@ -159,11 +156,11 @@ def manifest(model_dir: Annotated[Path, typer.Argument(help="the model folder to
     from hbmserve.weights.manifest import MANIFEST_NAME, manifest_of_dir
 
     if not model_dir.is_dir():
-        raise _fail(f"no directory at {model_dir}", EXIT_BAD_INPUT)
+        raise fail(f"no directory at {model_dir}", EXIT_BAD_INPUT)
     try:
         m = manifest_of_dir(model_dir)
     except WeightCacheError as e:
-        raise _fail(str(e), EXIT_FAILED) from None
+        raise fail(str(e), EXIT_FAILED) from None
     (model_dir / MANIFEST_NAME).write_text(m.to_json())
     out.print(f"wrote {model_dir / MANIFEST_NAME}: {len(m.files)} files, {_gib(m.total_bytes)} GiB, key {m.key}")
 
