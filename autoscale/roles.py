@@ -81,6 +81,31 @@ class RoleAssignment:
         return ", ".join(parts)
 
 
+@dataclass(frozen=True)
+class RolesState:
+    """The roles carried from one policy call to the next (in Serve's policy_state, as plain
+    data): the running replicas oldest first, and which are active (None: none assigned yet,
+    so every replica is)."""
+
+    order: tuple[str, ...] = ()
+    active: tuple[str, ...] | None = None
+
+    @classmethod
+    def of(cls, assignment: RoleAssignment) -> RolesState:
+        return cls(order=assignment.order, active=assignment.active)
+
+    def to_dict(self) -> dict[str, list[str] | None]:
+        return {"order": list(self.order), "active": None if self.active is None else list(self.active)}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, object] | None) -> RolesState:
+        """Tolerates what an older hbmserve left: a missing key is an empty order or no roles."""
+        raw = raw or {}
+        order, active = raw.get("order") or (), raw.get("active")
+        return cls(order=tuple(str(r) for r in order),  # type: ignore[union-attr]
+                   active=None if active is None else tuple(str(r) for r in active))  # type: ignore[union-attr]
+
+
 def age_order(running: Collection[str], previous_order: Sequence[str]) -> tuple[str, ...]:
     """Running replicas, oldest first: those seen before in their old order, then new ones."""
     known = [r for r in previous_order if r in running]

@@ -18,11 +18,14 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from hbmserve.cli.errors import fail, user_errors
+
+if TYPE_CHECKING:
+    from hbmserve.ops.bench_figures import BenchReport
 from hbmserve.cli.capacity import arrivals_for, wide_console, SYNTHETIC_LENGTH_CV
 
 EXIT_ALL_FAILED = 1
@@ -192,20 +195,20 @@ def bench_cmd(
         from dataclasses import asdict
 
         save_records.write_text("".join(json.dumps(asdict(r)) + "\n" for r in records))
-    out = _report(records, slo, config_model, used, endpoint, modes[0].removeprefix("--"), load, plot, profiles)
+    report = _report(records, slo, config_model, used, endpoint, modes[0].removeprefix("--"), load, plot, profiles)
     if json_out:
-        typer.echo(json.dumps(out))
+        typer.echo(json.dumps(report.to_json_dict()))
     else:
-        _print(out)
-    if out["measured"]["ok"] == 0:
+        _print(report)
+    if report.measured.ok == 0:
         typer.echo("error: every request failed; see errors_by_kind", err=True)
         raise typer.Exit(EXIT_ALL_FAILED)
 
 
 def _report(records: list, slo: Any, config_model: Any, client: Any, endpoint: Any, mode: str, load: str,
-            plot: Optional[Path], profiles: Any = None) -> dict[str, Any]:
+            plot: Optional[Path], profiles: Any = None) -> BenchReport:
     """`profiles`: the --catalog the prediction uses (None: the shipped one)."""
-    from hbmserve.ops.bench_figures import compare, figures_of
+    from hbmserve.ops.bench_figures import BenchReport, RunInfo, compare, figures_of
     from hbmserve.ops.loadgen import arrivals_of
 
     measured = figures_of(records, slo)
@@ -227,12 +230,10 @@ def _report(records: list, slo: Any, config_model: Any, client: Any, endpoint: A
     for r in records:  # one example message per error kind
         if r.error_kind is not None:
             kinds.setdefault(r.error_kind, r.error)
-    return {"run": {"url": endpoint.base_url, "model": endpoint.model, "mode": mode, "load": load,
-                    "client": client.name, "client_note": client.note, "plot": str(plot) if plot else None,
-                    "predicted_for": f"{prediction.model}: {prediction.layout}" if prediction else None},
-            "measured": measured.to_json_dict(), "error_examples": kinds,
-            "predicted": prediction.figures.to_json_dict() if prediction else None,
-            "comparison": comparison.to_json_dict() if comparison else None}
+    run = RunInfo(url=endpoint.base_url, model=endpoint.model, mode=mode, load=load, client=client.name,
+                  client_note=client.note, plot=str(plot) if plot else None,
+                  predicted_for=f"{prediction.model}: {prediction.layout}" if prediction else None)
+    return BenchReport(run, measured, kinds, prediction.figures if prediction else None, comparison)
 
 
 def _ms(v: float | None) -> str:
@@ -243,47 +244,48 @@ def _num(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def _print(out: dict[str, Any]) -> None:
+def _print(report: BenchReport) -> None:
     from rich.table import Table
 
-    from hbmserve.ops.bench_figures import LATENCY_KEYS
+    from hbmserve.ops.bench_figures import LATENCIES, LATENCY_KEYS
 
     c = wide_console()
-    run, m = out["run"], out["measured"]
-    c.print(f"[bold]{run['model']}[/] at {run['url']}: {run['load']}", highlight=False)
-    c.print(f"client: {run['client_note']}", highlight=False)
-    if out["comparison"] is None:
+    run, m = report.run, report.measured
+    c.print(f"[bold]{run.model}[/] at {run.url}: {run.load}", highlight=False)
+    c.print(f"client: {run.client_note}", highlight=False)
+    if report.comparison is None:
         t = Table("latency (ms)", "p50", "p90", "p95", "p99", "mean")
-        for k in ("ttft", "tpot", "itl", "e2e"):
-            t.add_row(k.upper(), *(_ms(m[f"{k}_{q}_s"]) for q in ("p50", "p90", "p95", "p99", "mean")))
+        for k in LATENCIES:
+            stats = getattr(m, k)
+            t.add_row(k.upper(), *(_ms(getattr(stats, q)) for q in ("p50", "p90", "p95", "p99", "mean")))
         c.print(t)
     else:
-        c.print(f"predicted for {run['predicted_for']}", highlight=False)
+        c.print(f"predicted for {run.predicted_for}", highlight=False)
         t = Table("figure", "measured", "predicted", "error", title="predicted vs measured (error = "
                   "(predicted - measured) / measured)")
-        for row in out["comparison"]["rows"]:
-            latency = row["key"] in LATENCY_KEYS
+        for row in report.comparison.rows:
+            latency = row.key in LATENCY_KEYS
             fmt = _ms if latency else _num
-            err = "-" if row["error_pct"] is None else f"{row['error_pct']:+.1f}%"
-            name = row["key"].removesuffix("_s") + " ms" if latency else row["key"]
-            t.add_row(name, fmt(row["measured"]), fmt(row["predicted"]), err)
+            err = "-" if row.error_pct is None else f"{row.error_pct:+.1f}%"
+            name = row.key.removesuffix("_s") + " ms" if latency else row.key
+            t.add_row(name, fmt(row.measured), fmt(row.predicted), err)
         c.print(t)
-        mape = out["comparison"]["mape_pct"]
+        mape = report.comparison.mape_pct
         c.print(f"MAPE over TTFT/TPOT p50/p95: {'-' if mape is None else f'{mape:.1f}%'}")
     r = Table("metric", "value")
-    errors = ", ".join(f"{k}: {n}" for k, n in m["errors_by_kind"].items()) or "none"
-    rows = [("requests sent / ok / failed", f"{m['sent']} / {m['ok']} / {m['errors']}"), ("errors by kind", errors),
-            ("throughput (req/s)", _num(m["request_rps"])), ("output tokens/s", _num(m["output_tok_s"], 1)),
-            ("goodput (req/s meeting the SLO)", _num(m["goodput_rps"])),
-            ("SLO attainment", "-" if m["slo_attainment"] is None else f"{m['slo_attainment']:.1%}"),
-            ("span (s)", _num(m["span_s"])), ("client send lag, max (ms)", _ms(m["send_lag_max_s"]))]
+    errors = ", ".join(f"{k}: {n}" for k, n in m.errors_by_kind.items()) or "none"
+    rows = [("requests sent / ok / failed", f"{m.sent} / {m.ok} / {m.errors}"), ("errors by kind", errors),
+            ("throughput (req/s)", _num(m.request_rps)), ("output tokens/s", _num(m.output_tok_s, 1)),
+            ("goodput (req/s meeting the SLO)", _num(m.goodput_rps)),
+            ("SLO attainment", "-" if m.slo_attainment is None else f"{m.slo_attainment:.1%}"),
+            ("span (s)", _num(m.span_s)), ("client send lag, max (ms)", _ms(m.send_lag_max_s))]
     for k, v in rows:
         r.add_row(k, v)
     c.print(r)
-    for kind, msg in out["error_examples"].items():
+    for kind, msg in report.error_examples.items():
         c.print(f"[yellow]{kind}[/]: {msg}", highlight=False)
-    if run["plot"]:
-        c.print(f"plot written to {run['plot']}")
+    if run.plot:
+        c.print(f"plot written to {run.plot}")
 
 
 def register(app: typer.Typer) -> None:

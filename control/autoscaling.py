@@ -36,11 +36,12 @@ from typing import Any, Collection, Mapping
 
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.policy import PolicyState, decide
-from hbmserve.autoscale.roles import age_order, assign_roles, current_active
+from hbmserve.autoscale.roles import RolesState, age_order, assign_roles, current_active
 from hbmserve.autoscale.slots import leaving
 from hbmserve.capacity.length_capacity import CapacityTable, LengthStats
 from hbmserve.autoscale.warm_nodes import live_warm_target
 from hbmserve.core.records import DecisionRecord, IngressDemand, RecordError, WarmTierRecord
+from hbmserve.core.serve_context import PolicyContext
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot, Tier
 from hbmserve.wire.autoscaling_stats import (STAT_ARRIVAL_RPS, STAT_KV_USAGE, STAT_LENGTH_SAMPLES, STAT_LOAD_S,
                                              STAT_OUTPUT_TOKENS, STAT_PROMPT_TOKENS, STAT_RUNNING, STAT_TPOT_P95_S,
@@ -65,7 +66,7 @@ def replica_key(replica_id: Any) -> str:
     return str(getattr(replica_id, "unique_id", replica_id))
 
 
-def _latest(ctx: Any, name: str, replica_id: Any) -> float | None:
+def _latest(ctx: PolicyContext, name: str, replica_id: Any) -> float | None:
     series = (ctx.raw_metrics or {}).get(name, {}).get(replica_id)
     if series:
         return float(series[-1].value)
@@ -73,12 +74,12 @@ def _latest(ctx: Any, name: str, replica_id: Any) -> float | None:
     return None if aggregated is None else float(aggregated)
 
 
-def _window(ctx: Any, name: str, replica_id: Any, since: float) -> list[float]:
+def _window(ctx: PolicyContext, name: str, replica_id: Any, since: float) -> list[float]:
     series = (ctx.raw_metrics or {}).get(name, {}).get(replica_id) or []
     return [float(p.value) for p in series if p.timestamp >= since]
 
 
-def snapshot_from_context(ctx: Any, look_back_s: float, active: Collection[str] | None = None,
+def snapshot_from_context(ctx: PolicyContext, look_back_s: float, active: Collection[str] | None = None,
                           demand: IngressDemand | None = None) -> Snapshot:
     """Build the policy's view from a Serve AutoscalingContext.
 
@@ -126,7 +127,7 @@ def serve_target(target_active: int, target_standby: dict[Tier, int]) -> int:
     return target_active + target_standby.get(Tier.HOT, 0)
 
 
-def with_measured_startup(config: AutoscaleConfig, ctx: Any, promote_s: float | None = None) -> AutoscaleConfig:
+def with_measured_startup(config: AutoscaleConfig, ctx: PolicyContext, promote_s: float | None = None) -> AutoscaleConfig:
     """The config with its warm (and a sleeping pool's hot) start-up replaced by what this
     deployment's replicas measured.
 
@@ -151,7 +152,7 @@ def with_measured_startup(config: AutoscaleConfig, ctx: Any, promote_s: float | 
     return dataclasses.replace(config, startup_hot_s=min(hot, warm), startup_warm_s=warm)
 
 
-def observed_lengths(ctx: Any) -> LengthStats | None:
+def observed_lengths(ctx: PolicyContext) -> LengthStats | None:
     """Mean prompt and output lengths over what the running replicas finished in their windows,
     weighted by requests; None below MIN_LENGTH_SAMPLES requests."""
     total = prompt = output = 0.0
@@ -165,7 +166,7 @@ def observed_lengths(ctx: Any) -> LengthStats | None:
     return LengthStats(prompt / total, output / total)
 
 
-def with_observed_capacity(config: AutoscaleConfig, ctx: Any,
+def with_observed_capacity(config: AutoscaleConfig, ctx: PolicyContext,
                            capacity: CapacityTable | None) -> AutoscaleConfig:
     """The config with `replica_capacity_rps` re-estimated by the capacity model for the request
     lengths the replicas report (capacity/length_capacity.py). The configured figure, planned
@@ -178,7 +179,7 @@ def with_observed_capacity(config: AutoscaleConfig, ctx: Any,
     return dataclasses.replace(config, replica_capacity_rps=rps) if rps > 0 else config
 
 
-def decide_from_context(ctx: Any, config: AutoscaleConfig, demand: IngressDemand | None = None,
+def decide_from_context(ctx: PolicyContext, config: AutoscaleConfig, demand: IngressDemand | None = None,
                         capacity: CapacityTable | None = None,
                         warm_tier: WarmTierRecord | None = None,
                         slot_of: Mapping[str, int] | None = None,
@@ -195,29 +196,29 @@ def decide_from_context(ctx: Any, config: AutoscaleConfig, demand: IngressDemand
     prior_state = ctx.policy_state or {}
     prior = prior_state.get(POLICY_STATE_KEY)
     state = PolicyState.from_dict(prior) if prior else PolicyState()
-    roles = prior_state.get(ROLES_KEY) or {}
+    roles = RolesState.from_dict(prior_state.get(ROLES_KEY))
     running = [replica_key(r) for r in ctx.running_replicas]
-    order = age_order(running, roles.get("order", ()))
-    serving = current_active(order, roles.get("active"))
+    order = age_order(running, roles.order)
+    serving = current_active(order, roles.active)
     snapshot = snapshot_from_context(ctx, config.look_back_s, serving, demand)
     decision, state = decide(snapshot, config, state)
     # Surplus actives are demoted least-loaded first (roles.scale_down_victims, as the
     # simulator drains them); which replica Serve then stops is Serve's choice (see roles.py).
     in_flight = {r.replica_id: r.waiting + r.running for r in snapshot.replicas}
     gone = leaving(slot_of, serve_target(decision.target_active, decision.target_standby)) if slot_of else frozenset()
-    assignment = assign_roles([r for r in running if r not in gone], order, roles.get("active"),
+    assignment = assign_roles([r for r in running if r not in gone], order, roles.active,
                               decision.target_active, in_flight)
     reason = decision.reason
     standby = dict(decision.target_standby)
     standby[Tier.WARM], why_not_warm = live_warm_target(
-        standby.get(Tier.WARM, 0), getattr(ctx, "deployment_name", ""), warm_tier, snapshot.now, TTL_S)
+        standby.get(Tier.WARM, 0), ctx.deployment_name, warm_tier, snapshot.now, TTL_S)
     if why_not_warm:
         reason = f"{reason}; {why_not_warm}"
     if assignment.describe():
         reason = f"{reason}; {assignment.describe()}"
     policy_state = dict(prior_state)
     policy_state[POLICY_STATE_KEY] = state.to_dict()
-    policy_state[ROLES_KEY] = {"order": list(assignment.order), "active": list(assignment.active)}
+    policy_state[ROLES_KEY] = RolesState.of(assignment).to_dict()
     record = DecisionRecord(
         at=snapshot.now,
         target_active=decision.target_active,
@@ -257,14 +258,14 @@ class HbmServeAutoscalingPolicy:
         self._log = logging.getLogger("ray.serve")
         self._decisions = DecisionLog()
 
-    def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
-        return self.step(ctx, getattr(ctx, "deployment_name", "?"))
+    def __call__(self, ctx: PolicyContext) -> tuple[int, dict[str, Any]]:
+        return self.step(ctx, ctx.deployment_name)
 
-    def step(self, ctx: Any, deployment: str,
+    def step(self, ctx: PolicyContext, deployment: str,
              slot_of: Mapping[str, int] | None = None) -> tuple[int, dict[str, Any]]:
         """Decide for `deployment`'s replicas in `ctx`, log a changed plan, publish the record
         under `deployment` (the model's engine deployment, also for a slotted model)."""
-        app = getattr(ctx, "app_name", None)
+        app = ctx.app_name
         try:
             warm_tier = latest_warm_tier()
         except RecordError:  # another hbmserve version's aggregator: keep no warm pool, as with none

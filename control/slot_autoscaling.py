@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hbmserve.autoscale.slots import slot_targets
+from hbmserve.core.serve_context import PolicyContext
 from hbmserve.core.records import SlotStats
 from hbmserve.control.autoscaling import HbmServeAutoscalingPolicy, replica_key
 from hbmserve.wire.records_store import latest_decision, publish_slot_stats, slot_stats
@@ -58,7 +59,7 @@ class Point:
 @dataclass(frozen=True)
 class ModelContext:
     """The model-wide view the policy reads, merged from its slots: the attributes of Serve's
-    AutoscalingContext that autoscaling.py reads (it reads them duck-typed)."""
+    AutoscalingContext that the adapters read: a `core.serve_context.PolicyContext`."""
 
     app_name: str | None
     deployment_name: str
@@ -71,7 +72,7 @@ class ModelContext:
     aggregated_metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
-def stats_of(ctx: Any, slot: int, look_back_s: float) -> SlotStats:
+def stats_of(ctx: PolicyContext, slot: int, look_back_s: float) -> SlotStats:
     """A slot's context as a SlotStats: per running replica, every stat's points inside the
     look-back window plus its latest (the policy reads both). Serve's aggregate stands in where
     no raw series was pushed."""
@@ -125,8 +126,8 @@ class SlotAutoscalingPolicy:
         self.slot, self.slots, self.model_deployment, self.look_back_s = slot, slots, model_deployment, look_back_s
         self.leader = HbmServeAutoscalingPolicy(**leader) if leader is not None else None
 
-    def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
-        app = getattr(ctx, "app_name", None)
+    def __call__(self, ctx: PolicyContext) -> tuple[int, dict[str, Any]]:
+        app = ctx.app_name
         own = stats_of(ctx, self.slot, self.look_back_s)
         publish_slot_stats(app, self.model_deployment, own)
         if self.leader is None:

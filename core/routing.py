@@ -3,7 +3,7 @@ live ingress fills ReplicaLoad from the replicas' own stats, the simulator from 
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass, field
 
 from hbmserve.core.scaling import ReplicaState
@@ -41,3 +41,10 @@ class RouteRequest:
 class RouteDecision:
     ranked: tuple[str, ...]  # best first; empty when no replica is eligible
     reason: str
+
+
+# A router: a model's replica loads and one request in, the replicas ranked out (with the
+# reason). `routing.choose` is hbmserve's; routing/routers.py registers it beside the baselines.
+# The front door (ingress/front_door_app.py) and the simulator (sim/cluster_sim.py) both call one
+# through this type, by the name in `serve.router`.
+Router = Callable[[Iterable[ReplicaLoad], RouteRequest], RouteDecision]

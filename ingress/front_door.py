@@ -55,14 +55,13 @@ class FrontDoor:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True),
             auto_decompress=False)
-        self.app = FrontDoorApp(self.spec, self.table, self.guard, self.admission, lambda: self.session,
-                                internal_token, BodyLimits(http.max_body_bytes, http.body_timeout_s,
-                                                           http.first_byte_timeout_s))
-        self.app.info_of = lambda: info_reply(self._info())
-        self.app.metrics_of = self._metrics
         self.dashboard = DashboardFeed(self.spec, self.table, self.admission,
                                        lambda: (self.node_id, self.table.doors, self.guard.enforced))
-        self.app.dashboard = self.dashboard
+        self.app = FrontDoorApp(self.spec, self.table, self.guard, self.admission, lambda: self.session,
+                                internal_token, BodyLimits(http.max_body_bytes, http.body_timeout_s,
+                                                           http.first_byte_timeout_s),
+                                info_of=lambda: info_reply(self._info()), metrics_of=self._metrics,
+                                dashboard=self.dashboard)
         self.node_id = ray.get_runtime_context().get_node_id()
         self.prices = {m.name: replica_usd_per_hour(m) for m in self.spec.models}
         self.gpus = GpuCollector.open()

@@ -24,8 +24,9 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hbmserve.core.config import ClusterSpec
-from hbmserve.core.routing import RouteRequest
+from hbmserve.core.routing import RouteRequest, Router
 from hbmserve.ingress.front_door_access import AccessGuard, Credential, Refusal
+from hbmserve.ingress.dashboard_feed import DashboardFeed
 from hbmserve.ingress.door_metrics import Refusals
 from hbmserve.ingress.front_door_openapi import openapi_document
 from hbmserve.ingress.front_door_queue import ModelAdmission, ask_for
@@ -119,7 +120,8 @@ async def _while_connected(receive, work) -> None:
 
 class FrontDoorApp:
     def __init__(self, spec: ClusterSpec, table: ReplicaTable, guard: AccessGuard,
-                 admission: dict[str, ModelAdmission], session_of, token: str, limits: BodyLimits):
+                 admission: dict[str, ModelAdmission], session_of, token: str, limits: BodyLimits, *,
+                 info_of=None, metrics_of=None, dashboard: DashboardFeed | None = None):
         self.spec = spec
         self.table = table
         self.guard = guard
@@ -127,13 +129,13 @@ class FrontDoorApp:
         self.session_of = session_of  # () -> the aiohttp session of the running loop
         self.token = token
         self.limits = limits
-        self.info_of = None  # () -> IngressInfo as plain data; set by the front door
-        self.metrics_of = None  # async () -> the /metrics reply (door_metrics.py); set by the front door
+        self.info_of = info_of  # () -> IngressInfo as plain data (the front door's /hbm/info)
+        self.metrics_of = metrics_of  # async () -> the /metrics reply (door_metrics.py)
         self.refusals = Refusals()
-        self.dashboard = None  # the ops dashboard's DashboardFeed; set by the front door
+        self.dashboard = dashboard  # the ops dashboard's feed: serves its page, times each reply
         self.openapi = openapi_document(spec)
         self.retried: dict[str, int] = {}  # model -> requests retried on another replica
-        self.route = ROUTERS[spec.serve.router]
+        self.route: Router = ROUTERS[spec.serve.router]
         self._requests = 0
 
     async def __call__(self, scope, receive, send) -> None:

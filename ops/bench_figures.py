@@ -179,3 +179,34 @@ def compare(measured: BenchFigures, predicted: BenchFigures) -> Comparison:
                              relative_error_pct(predicted.figure(k), measured.figure(k))) for k in FIGURE_KEYS)
     errors = [abs(r.error_pct) for r in rows if r.key in MAPE_KEYS and r.error_pct is not None]
     return Comparison(rows, sum(errors) / len(errors) if errors else None)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What was benchmarked and how: the header of a report."""
+
+    url: str
+    model: str
+    mode: str  # how the load was given: trace, rate or concurrency
+    load: str
+    client: str
+    client_note: str
+    plot: str | None = None
+    predicted_for: str | None = None  # "<model>: <layout>" of the prediction beside it
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """One `hbmserve bench` run: what `--json` prints and the table shows, typed."""
+
+    run: RunInfo
+    measured: BenchFigures
+    error_examples: Mapping[str, str]  # one message per error kind
+    predicted: BenchFigures | None = None
+    comparison: Comparison | None = None
+
+    def to_json_dict(self) -> dict[str, object]:
+        return {"run": asdict(self.run), "measured": self.measured.to_json_dict(),
+                "error_examples": dict(self.error_examples),
+                "predicted": self.predicted.to_json_dict() if self.predicted else None,
+                "comparison": self.comparison.to_json_dict() if self.comparison else None}

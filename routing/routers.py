@@ -16,13 +16,11 @@ Both rank the pick first, then the rest least loaded first, as `choose` does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
-from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest
+from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest, Router
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.choose import active_by_load, choose, two_choices
-
-Router = Callable[[Iterable[ReplicaLoad], RouteRequest], RouteDecision]
 
 
 def _decision(pick: ReplicaLoad, by_load: list[ReplicaLoad], why: str) -> RouteDecision:

@@ -29,7 +29,7 @@ import numpy as np
 from hbmserve.autoscale.roles import VictimCandidate, scale_down_victims
 from hbmserve.core.config import SloSeconds
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
-from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest
+from hbmserve.core.routing import ReplicaLoad, RouteRequest, Router
 from hbmserve.routing.choose import choose
 
 from hbmserve.traces.arrivals import Arrivals
@@ -40,7 +40,6 @@ from hbmserve.sim.metrics import SimResult
 from hbmserve.sim.run_result import result_of
 
 Policy = Callable[[Snapshot, Any], tuple[ScaleDecision, Any]]
-Router = Callable[[list[ReplicaLoad], RouteRequest], RouteDecision]
 
 DEFAULT_STARTUP_S: Mapping[Tier, float] = {Tier.HOT: 5.0, Tier.WARM: 60.0, Tier.COLD: 600.0}
 _STEP, _READY, _TICK, _SAMPLE = 0, 1, 2, 3

@@ -20,9 +20,12 @@ TENANT_H, ADMIN_H = {"authorization": f"Bearer {KEY}"}, {"authorization": f"Bear
 
 def test_the_page_is_public_its_data_needs_the_admin_token_and_shows_the_traffic():
     async def go():
-        async with Door(ring=RING) as d:
-            feed = DashboardFeed(d.spec, d.table, d.admission, lambda: ("node-1", 1, True))
-            d.app.dashboard = feed
+        def wire(d):
+            d.feed = DashboardFeed(d.spec, d.table, d.admission, lambda: ("node-1", 1, True))
+            return {"dashboard": d.feed}
+
+        async with Door(ring=RING, wire=wire) as d:
+            feed = d.feed
             page = await d.client.get("/hbm/dashboard")
             script = await d.client.get("/hbm/dashboard/app.js")
             bare = await d.client.get("/hbm/dashboard/data")

@@ -41,9 +41,10 @@ class Door:
     """Sim replicas of model `m` on loopback, the app in front, an httpx client on the app."""
 
     def __init__(self, replicas: int = 2, dead: int = 0, ring=None, limits: BodyLimits = BodyLimits(),
-                 poll: bool = True):
+                 poll: bool = True, wire=None):
         self.spec = spec()
         self.n, self.dead, self.ring, self.limits, self.poll = replicas, dead, ring, limits, poll
+        self.wire = wire  # (door) -> FrontDoorApp keyword arguments, as FrontDoor.__init__ injects them
 
     async def __aenter__(self):
         model = self.spec.model("m")
@@ -58,7 +59,7 @@ class Door:
         await self.table.poll(self.session, TOKEN)
         self.admission = {m.name: ModelAdmission(m, self.table) for m in self.spec.models}
         self.app = FrontDoorApp(self.spec, self.table, AccessGuard(self.ring), self.admission, lambda: self.session,
-                                TOKEN, self.limits)
+                                TOKEN, self.limits, **(self.wire(self) if self.wire else {}))
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://door",
                                         timeout=30)
         # Tests that set replica state by hand run without the poll loop, which would overwrite it.

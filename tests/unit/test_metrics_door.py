@@ -23,7 +23,7 @@ def ring() -> KeyRing:
     return KeyRing(tenants=tenants.tenants, keys=tenants.keys, admin_digest=parse_admin_token(ADMIN, "admin"))
 
 
-def wire(d: Door) -> None:
+def wire(d: Door) -> dict:
     """What FrontDoor.__init__ does: the app's /metrics is the node's metrics (every test replica
     is on node "n")."""
     prices = {m.name: replica_usd_per_hour(m) for m in d.spec.models}
@@ -34,7 +34,7 @@ def wire(d: Door) -> None:
                             {m.name: m.slo for m in d.spec.models})
         return await node_metrics(d.session, TOKEN, local, own, None)
 
-    d.app.metrics_of = metrics
+    return {"metrics_of": metrics}
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -44,8 +44,7 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 
 def test_metrics_needs_the_admin_token_and_relabels_the_engines_of_the_node():
     async def go():
-        async with Door(ring=ring()) as d:
-            wire(d)
+        async with Door(ring=ring(), wire=wire) as d:
             tenant = {"authorization": f"Bearer {KEY}"}
             served = [await d.client.post("/v1/completions", json=completion(max_tokens=6), headers=tenant)
                       for _ in range(4)]  # the 4th is over acme's 3 a minute
@@ -94,10 +93,9 @@ def test_metrics_needs_the_admin_token_and_relabels_the_engines_of_the_node():
 
 def test_a_replica_of_another_node_is_left_to_that_nodes_front_door():
     async def go():
-        async with Door(replicas=2, poll=False) as d:
+        async with Door(replicas=2, poll=False, wire=wire) as d:
             other = d.table.get("m", "r1")
             other.endpoint = type(other.endpoint)(**{**other.endpoint.__dict__, "node_id": "elsewhere"})
-            wire(d)
             await d.client.post("/v1/completions", json=completion())
             return samples((await d.client.get("/metrics")).text)  # auth off: open, as every path
 
