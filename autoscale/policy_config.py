@@ -3,7 +3,7 @@
 Every entry point that runs a policy hands `decide` what this returns for the same model: the
 live Ray Serve adapter (apps/autoscaling_options.py `live_policy`), `hbmserve simulate --policy`, `hbmserve
 autoscale evaluate` and the baselines derived from it (registry.py), and `hbmserve plan`'s
-suggested autoscaling section (tests/unit/test_autoscale_config.py proves they agree).
+suggested autoscaling section (tests/unit/autoscale/test_autoscale_config.py proves they agree).
 
 The defaults of every field a user can set live in the schema (core/config.py
 `AutoscalingSpec`, `SLO`); AutoscaleConfig's own defaults cover only the policy's inner knobs

@@ -3,7 +3,7 @@
 An engine server is one inference engine plus the HTTP server in front of it, run on the
 replica's own event loop (vllm_server.py says why no Serve proxy). Two implement it:
 `VLLMHttpServer` (vllm_server.py) and `SimHttpServer` (sim_server.py, the simulated engine).
-They share no base class; they conform structurally, and tests/unit/test_engine_server.py
+They share no base class; they conform structurally, and tests/unit/replica/test_engine_server.py
 compares every member's signature with this Protocol, so a renamed method or a changed
 parameter fails a test rather than a replica in a live cluster.
 

@@ -92,3 +92,12 @@ def test_the_check_catches_an_upward_import(tmp_path: Path, monkeypatch: pytest.
     (fake / "planted.py").write_text(snippet)
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert bool(violations()) is expected
+
+
+def test_unit_tests_mirror_the_tree():
+    """tests/unit/<folder>/ for every package folder, and no test folder without one (data/ holds
+    fixtures shared between folders)."""
+    unit = ROOT / "tests" / "unit"
+    folders = {p.name for p in unit.iterdir() if p.is_dir() and p.name not in ("data", "__pycache__")}
+    assert folders == set(LAYERS)
+    assert sorted(p.name for p in unit.glob("test_*.py")) == ["test_layers.py"], "put a test in its folder"

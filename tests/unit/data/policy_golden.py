@@ -1,4 +1,4 @@
-"""Frozen behaviour of autoscale.policy.decide (tests/unit/test_autoscale_policy_golden.py).
+"""Frozen behaviour of autoscale.policy.decide (tests/unit/autoscale/test_autoscale_policy_golden.py).
 
 `cases()` builds seeded, varied runs (bursts, idle spells, requests held at the ingress, hot
 standbys, warm nodes, TTFT and TPOT samples, configs with and without delays); `replay()`

@@ -16,7 +16,7 @@ import yaml
 from hbmserve.ops.grafana.queries import (GPU_ONLY, PanelQuery, UnknownVariable, answer_problem, load,
                                           metric_families, panel_queries, panels, substitute, variable_queries)
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 VALUES = {"model": "llama-8b", "__rate_interval": "1m"}
 # Series that exist only on GPU nodes: NVML's gauges, and the placement check of planned GPU replicas.
 GPU_SERIES = ("hbmserve_gpu_", "ray_hbmserve_placement_")

@@ -71,7 +71,7 @@ def _ctx(lengths: dict[str, tuple[float, float, float]]):
     raw = {sa.STAT_PROMPT_TOKENS: {r: point(p) for r, (p, _, _) in lengths.items()},
            sa.STAT_OUTPUT_TOKENS: {r: point(o) for r, (_, o, _) in lengths.items()},
            sa.STAT_LENGTH_SAMPLES: {r: point(n) for r, (_, _, n) in lengths.items()}}
-    return SimpleNamespace(raw_metrics=raw, aggregated_metrics={}, running_replicas=list(lengths),
+    return SimpleNamespace(app_name=None, deployment_name="engine-m", raw_metrics=raw, aggregated_metrics={}, running_replicas=list(lengths),
                            current_time=100.0, policy_state={}, target_num_replicas=len(lengths),
                            current_num_replicas=len(lengths))
 

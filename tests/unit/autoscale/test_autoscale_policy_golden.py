@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _golden_module():

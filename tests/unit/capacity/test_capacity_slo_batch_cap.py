@@ -17,7 +17,7 @@ from hbmserve.capacity.plan_analytic import EngineKnobs, Workload
 from hbmserve.capacity.slo_cap import (MIN_CHUNK_TOKENS, batch_cap, budget_for, chunk_step_s, knob_grid,
                                        slo_check)
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 code_completion_arrivals = runpy.run_path(str(DATA / "code_completion_trace.py"))["code_completion_arrivals"]
 DEP = Deployment(load_model_shape("llama-3.1-70b"), get_gpu("h100-sxm"), tp=4)
 COST, KV = cost_model(DEP), memory_fit(DEP).kv_tokens

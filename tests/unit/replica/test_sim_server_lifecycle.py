@@ -18,7 +18,7 @@ from hbmserve.replica.replica_http import EngineLoad
 from hbmserve.replica.sim_server import SimHttpServer, build_sim_openai_app
 from hbmserve.replica.vllm_server import engine_load
 from hbmserve.routing.prefix import chat_prompt_text, prompt_block_hashes
-from tests.unit.test_deployments_sim_server import MML, NAME, chat_body, engine, run, spec
+from tests.unit.replica.test_sim_server import MML, NAME, chat_body, engine, run, spec
 
 
 # ---- the app driven by hand, as an ASGI server would: timing and disconnects ----

@@ -13,7 +13,7 @@ from hbmserve.core.records import DecisionRecord, Histogram, ReplicaInfo, Replic
 from hbmserve.core.scaling import ReplicaState, Tier
 from hbmserve.ingress import gpu_metrics
 from hbmserve.ingress.gpu_metrics import GpuCollector
-from tests.unit.test_placement_nvml_discovery import FakeNvml, _parsed as shape
+from tests.unit.placement_io.test_placement_nvml_discovery import FakeNvml, _parsed as shape
 
 GIB = 1024**3
 

@@ -13,7 +13,7 @@ from hbmserve.access.keys import KeyRing, parse_admin_token, parse_keys_file
 from hbmserve.ingress.door_metrics import door_families, local_replicas, node_metrics
 from hbmserve.capacity.replica_price import replica_usd_per_hour
 from hbmserve.wire.engine_metrics import ENGINE_FAMILIES
-from tests.unit.test_front_door_app import KEY, TOKEN, Door, completion, run
+from tests.unit.ingress.test_front_door_app import KEY, TOKEN, Door, completion, run
 
 ADMIN = "admin-token-0123456789abcdef"
 

@@ -107,3 +107,13 @@ def test_surplus_actives_are_demoted_least_loaded_first():
                      in_flight={"r1": 0, "r2": 5, "r3": 3})
     assert a.active == ("r2",) and a.demoted == ("r1", "r3")
     assert a.describe() == "demote 2 to standby"
+
+
+def test_roles_state_round_trips_and_reads_what_older_versions_left():
+    from hbmserve.autoscale.roles import RolesState
+
+    state = RolesState(order=("a", "b", "c"), active=("b",))
+    assert RolesState.from_dict(state.to_dict()) == state
+    assert RolesState.from_dict(None) == RolesState() and RolesState().active is None  # none assigned: all active
+    assert RolesState.from_dict({"order": ["a"]}) == RolesState(order=("a",), active=None)
+    assert RolesState.from_dict({"order": ["a"], "active": []}).active == ()  # every replica stood down

@@ -85,7 +85,7 @@ def test_on_prompt_heavy_traffic_the_analytic_capacity_is_within_25_percent_of_t
     from hbmserve.capacity.plan_analytic import capacity_rps
     from hbmserve.planning.confirm import simulated_capacity_rps
 
-    fixture = Path(__file__).parent / "data" / "code_completion_trace.py"
+    fixture = Path(__file__).parents[1] / "data" / "code_completion_trace.py"
     lengths = runpy.run_path(str(fixture))["code_completion_arrivals"](duration_s=300.0)  # ~2,000 in, ~40 out
     dep = Deployment(load_model_shape("llama-3.1-70b"), get_gpu("h100-sxm"), tp=4)
     kv = memory_fit(dep).kv_tokens

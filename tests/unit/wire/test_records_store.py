@@ -24,7 +24,7 @@ from hbmserve.wire import records_store as store
 internal_kv = pytest.importorskip("ray.experimental.internal_kv", reason="ray not installed")
 ray_metrics = pytest.importorskip("ray.util.metrics", reason="ray not installed")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class FakeGauge:

@@ -10,7 +10,7 @@ import pytest
 
 from hbmserve.traces.arrivals import TraceError, gamma_arrivals, read_trace
 
-AZURE = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
+AZURE = Path(__file__).resolve().parents[4] / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
 
 
 def test_csv_trace(tmp_path):

@@ -10,7 +10,7 @@ import dataclasses
 
 from hbmserve.access.keys import parse_admin_token, parse_keys_file
 from hbmserve.ingress.dashboard_feed import DashboardFeed
-from tests.unit.test_front_door_app import KEY, Door, completion, run
+from tests.unit.ingress.test_front_door_app import KEY, Door, completion, run
 
 ADMIN = "admin-token-0123456789"
 RING = dataclasses.replace(parse_keys_file(f"tenants: [{{name: t, keys: ['{KEY}']}}]", "keys.yaml"),
