@@ -24,7 +24,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from hbmserve.cli.errors import fail, user_errors
+from hbmserve.cli.user_errors import fail, user_errors
 
 ALL = "all"
 

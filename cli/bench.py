@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from hbmserve.cli.errors import fail, user_errors
+from hbmserve.cli.user_errors import fail, user_errors
 
 if TYPE_CHECKING:
     from hbmserve.ops.bench_figures import BenchReport

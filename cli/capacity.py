@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from hbmserve.cli.errors import fail, user_errors
+from hbmserve.cli.user_errors import fail, user_errors
 
 EXIT_INFEASIBLE = 1
 SYNTHETIC_LENGTH_CV = 0.5  # --rate loads: prompt and output lengths lognormal with this spread

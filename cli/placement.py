@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.console import Console
 
-from hbmserve.cli.errors import EXIT_BAD_INPUT, fail
+from hbmserve.cli.user_errors import EXIT_BAD_INPUT, fail
 
 if TYPE_CHECKING:
     from hbmserve.placement.topology import ClusterTopology

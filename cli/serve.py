@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from hbmserve.cli.errors import EXIT_FAILED, fail
+from hbmserve.cli.user_errors import EXIT_FAILED, fail
 from hbmserve.cluster.checks import load_deployable, slo_warnings
 from hbmserve.cluster.tiny_model import TinyModelShape
 from hbmserve.core.config import ClusterSpec, ConfigError

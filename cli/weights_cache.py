@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from hbmserve.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, fail
+from hbmserve.cli.user_errors import EXIT_BAD_INPUT, EXIT_FAILED, fail
 
 err = Console(stderr=True)  # the progress bar
 

@@ -13,8 +13,8 @@ Three pieces, all thin:
   AutoscaleConfig fields) and calls as `(AutoscalingContext) -> (target_replicas, policy_state)`.
   Serve replicas = active target + hot standbys. Which replicas are active is decided here
   (roles.py: surplus actives demoted least-loaded first) and published with the decision
-  (records_store.py); replicas follow it, binding or releasing the model's port, so a standby
-  gets no traffic until promoted. The warm-pool target travels in the decision record to the
+  (wire/records_store.py); the front doors route only to the replicas it names active, so a
+  standby keeps its engine loaded and its port open but gets no traffic until promoted. The warm-pool target travels in the decision record to the
   warm-tier aggregator (warm_tier.py), which asks Ray's node autoscaler for the nodes; it is
   kept at 0, with the reason, while that cannot happen (autoscale/warm_nodes.py
   `live_warm_target`). Every decision is logged with its reason.

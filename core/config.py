@@ -85,7 +85,7 @@ class AutoscalingSpec(_Strict):
     downscale_delay_s: Annotated[float, Field(ge=0)] = 60.0
     # No scale-down this soon after a scale-up.
     downscale_cooldown_s: Annotated[float, Field(ge=0)] = 60.0
-    # Loaded replicas kept out of rotation, promoted in one port bind when load rises; the
+    # Loaded replicas kept out of rotation, promoted (routed to again) when load rises; the
     # policy sizes the pool between these bounds (autoscale/warm_pool.py), inside max_replicas.
     hot_standby: HotStandbySpec = HotStandbySpec()
     # Nodes kept up with the weights on local NVMe but no engine (the warm tier). The policy

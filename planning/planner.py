@@ -9,7 +9,7 @@ their trade-off in `quality_note`.
 
 Every configuration is costed with the analytic model (`plan_analytic`); those are candidates.
 The cheapest few distinct layouts are then confirmed in the discrete-event simulator
-(plan_confirm.py: one replica's capacity, then the smallest fleet on the trace), and only
+(confirm.py: one replica's capacity, then the smallest fleet on the trace), and only
 confirmed plans rank as feasible; each carries the analytic model's error against the
 simulator. Pure apart from CPU time: no I/O, no wall clock; progress is reported through an
 optional callback so the CLI can draw a bar.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 # A replica being removed is dropped from the front door's routing table within a discovery
 # poll and gets this long to finish in-flight requests; Serve's graceful_shutdown_timeout_s must
-# exceed it (serve_app.py).
+# exceed it (engine_replica.py).
 DRAIN_TIMEOUT_S = 25.0
 
 

@@ -1,8 +1,8 @@
 """The simulated engine (replica/sim_engine.py) served over a small OpenAI-compatible HTTP app.
 
 `SimHttpServer` meets the same `EngineServer` contract as `VLLMHttpServer` (engine_server.py)
-and has the same data path: one FastAPI app behind `IngressMiddleware`, served by
-uvicorn on the replica's event loop, on a private port behind the front door. Tokens arrive at the pace the
+and has the same data path: one FastAPI app behind `ReplicaMiddleware` (replica_middleware.py), served
+by uvicorn on the replica's event loop, on a private port behind the front door. Tokens arrive at the pace the
 performance model predicts for `sim.gpu` running `sim.model_config_name` at the model's TP/PP,
 `sim.speedup` times faster, so the real Serve control plane can run tens of "70B on H100"
 replicas on two cores. What the protocol estimates (prompt tokens, reply text) is in

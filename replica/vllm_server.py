@@ -2,8 +2,8 @@
 
 Why not Serve's proxy: on a 2-core machine every extra hop (proxy actor, Ray RPC per streamed
 chunk) takes CPU from the engine; Ray Serve LLM measured 0.31x of bare vLLM with defaults and
-0.67x with direct streaming + HAProxy (DESIGN.md). Here the replica serves HTTP itself through
-vLLM's FastAPI app on a private port, and the front door (front_door.py) relays bytes to it:
+0.67x with direct streaming + HAProxy (docs/benchmarks.md). Here the replica serves HTTP itself through
+vLLM's FastAPI app on a private port, and the front door (ingress/front_door.py) relays bytes to it:
 one HTTP hop, no Ray RPC on the data path. Serve still owns the replica's life: placement,
 health checks, restarts, scaling.
 """

@@ -1,7 +1,7 @@
 """Ingress admission for one model: admit now, hold in a bounded queue, or refuse at once. Pure.
 
 The per-node ingress calls this for every model it fronts; each replica keeps its own safety
-cap (admission.py). The ingress counts work, not connections: a request's `n` sequences and the
+cap (replica_cap.py). The ingress counts work, not connections: a request's `n` sequences and the
 KV tokens it may hold, against the bounds of the model's active replicas.
 
 The rules, and why:

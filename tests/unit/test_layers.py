@@ -100,4 +100,4 @@ def test_unit_tests_mirror_the_tree():
     unit = ROOT / "tests" / "unit"
     folders = {p.name for p in unit.iterdir() if p.is_dir() and p.name not in ("data", "__pycache__")}
     assert folders == set(LAYERS)
-    assert sorted(p.name for p in unit.glob("test_*.py")) == ["test_layers.py"], "put a test in its folder"
+    assert sorted(p.name for p in unit.glob("test_*.py")) == ["test_docs.py", "test_layers.py"], "put a test in its folder"

@@ -1,5 +1,5 @@
 """The simulated engine's server, driven by hand as an ASGI server would: stream timing, client
-disconnects, start-up, prefix caching, stop. Split from test_deployments_sim_server.py."""
+disconnects, start-up, prefix caching, stop. Split from test_sim_server.py."""
 
 from __future__ import annotations
 
