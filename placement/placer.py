@@ -26,11 +26,11 @@ from hbmserve.placement.placement_types import (
     ReplicaPlacement,
     StagePlacement,
 )
-from hbmserve.placement.tp_groups import Slot, enumerate_slots, largest_island, largest_node
+from hbmserve.placement.tp_groups import TpGroup, enumerate_tp_groups, largest_island, largest_node
 from hbmserve.placement.topology import ClusterTopology, GpuRef
 
 
-def _distance(a: Slot, b: Slot) -> int:
+def _distance(a: TpGroup, b: TpGroup) -> int:
     if a.nodes & b.nodes:
         return 0
     if a.domain is not None and a.domain == b.domain:
@@ -47,26 +47,26 @@ class _Spread:
         self.racks: Counter[str | None] = Counter()
         self.nodes: Counter[str] = Counter()
 
-    def key(self, slot: Slot) -> tuple[int, int]:
-        return self.racks[slot.rack], sum(self.nodes[n] for n in slot.nodes)
+    def key(self, group: TpGroup) -> tuple[int, int]:
+        return self.racks[group.rack], sum(self.nodes[n] for n in group.nodes)
 
-    def add(self, replica: list[Slot]) -> None:
+    def add(self, replica: list[TpGroup]) -> None:
         for rack in {s.rack for s in replica}:
             self.racks[rack] += 1
         for node in set().union(*(s.nodes for s in replica)):
             self.nodes[node] += 1
 
 
-def _allowed(slot: Slot, chosen: list[Slot], distinct: bool) -> bool:
-    return not distinct or not any(slot.nodes & c.nodes for c in chosen)
+def _allowed(group: TpGroup, chosen: list[TpGroup], distinct: bool) -> bool:
+    return not distinct or not any(group.nodes & c.nodes for c in chosen)
 
 
-def _assign_preferred(slots: tuple[Slot, ...], request: PlacementRequest) -> list[list[Slot]] | None:
-    free = list(slots)
+def _assign_preferred(groups: tuple[TpGroup, ...], request: PlacementRequest) -> list[list[TpGroup]] | None:
+    free = list(groups)
     spread = _Spread()
-    replicas: list[list[Slot]] = []
+    replicas: list[list[TpGroup]] = []
     for _ in range(request.replicas):
-        chosen: list[Slot] = []
+        chosen: list[TpGroup] = []
         for stage in range(request.pp):
             candidates = [s for s in free if _allowed(s, chosen, request.pp_distinct_nodes)]
             if not candidates:
@@ -88,16 +88,16 @@ def _assign_preferred(slots: tuple[Slot, ...], request: PlacementRequest) -> lis
     return replicas
 
 
-def _assign_most_room(slots: tuple[Slot, ...], request: PlacementRequest) -> list[list[Slot]] | None:
-    """Distinct-node fallback: each stage goes to the node with the most free slots left.
+def _assign_most_room(groups: tuple[TpGroup, ...], request: PlacementRequest) -> list[list[TpGroup]] | None:
+    """Distinct-node fallback: each stage goes to the node with the most free TP groups left.
 
     Picking the fullest nodes first is the classic optimal greedy for "every round takes one
     unit from k distinct bins", which the preferred order above can miss.
     """
-    free = list(slots)
-    replicas: list[list[Slot]] = []
+    free = list(groups)
+    replicas: list[list[TpGroup]] = []
     for _ in range(request.replicas):
-        chosen: list[Slot] = []
+        chosen: list[TpGroup] = []
         for _stage in range(request.pp):
             room = Counter(n for s in free for n in s.nodes)
             candidates = [s for s in free if _allowed(s, chosen, True)]
@@ -110,18 +110,18 @@ def _assign_most_room(slots: tuple[Slot, ...], request: PlacementRequest) -> lis
     return replicas
 
 
-def _build(topology: ClusterTopology, request: PlacementRequest, assigned: list[list[Slot]]) -> PlacementPlan:
+def _build(topology: ClusterTopology, request: PlacementRequest, assigned: list[list[TpGroup]]) -> PlacementPlan:
     replicas = []
     for index, chosen in enumerate(assigned):
         stages = tuple(
             StagePlacement(
                 stage=k,
-                island=slot.island,
-                members=slot.members,
-                allreduce_us=slot.cost.microseconds,
-                bottleneck=None if slot.cost.bottleneck is None else slot.cost.bottleneck.code,
+                island=group.island,
+                members=group.members,
+                allreduce_us=group.cost.microseconds,
+                bottleneck=None if group.cost.bottleneck is None else group.cost.bottleneck.code,
             )
-            for k, slot in enumerate(chosen)
+            for k, group in enumerate(chosen)
         )
         handoff = sum(
             (point_to_point_us(topology.link(a.members[-1], b.members[0]), request.allreduce_bytes)
@@ -158,7 +158,7 @@ def _what(request: PlacementRequest) -> str:
 
 
 def _infeasible(
-    topology: ClusterTopology, request: PlacementRequest, slots: tuple[Slot, ...]
+    topology: ClusterTopology, request: PlacementRequest, groups: tuple[TpGroup, ...]
 ) -> tuple[InfeasibleReason, str]:
     g = request.group_size
     if topology.gpu_count == 0:
@@ -174,15 +174,15 @@ def _infeasible(
             f"{_what(request)} needs {_an(g)} {g}-GPU NVLink island; the largest here is {island}"
         )
     needed = request.replicas * request.pp
-    if len(slots) < needed:
+    if len(groups) < needed:
         return InfeasibleReason.INSUFFICIENT_CAPACITY, (
             f"{request.describe()} needs {needed} TP group(s) of {g} GPUs inside NVLink islands; "
-            f"the free GPUs hold {len(slots)}"
+            f"the free GPUs hold {len(groups)}"
         )
-    with_room = len({n for s in slots for n in s.nodes})
+    with_room = len({n for s in groups for n in s.nodes})
     return InfeasibleReason.DISTINCT_NODES, (
         f"PP={request.pp} on distinct nodes for {request.replicas} replica(s) does not fit: "
-        f"{len(slots)} free {g}-GPU group(s) sit on only {with_room} node(s)"
+        f"{len(groups)} free {g}-GPU group(s) sit on only {with_room} node(s)"
     )
 
 
@@ -244,15 +244,15 @@ def plan(
     `suggest=False` skips the search for alternatives when the request does not fit.
     """
     used = frozenset(in_use)
-    slots = enumerate_slots(
+    groups = enumerate_tp_groups(
         topology, request.group_size, used, request.allow_pcie_tp, request.allreduce_bytes
     )
-    assigned = _assign_preferred(slots, request)
+    assigned = _assign_preferred(groups, request)
     if assigned is None and request.pp_distinct_nodes:
-        assigned = _assign_most_room(slots, request)
+        assigned = _assign_most_room(groups, request)
     if assigned is not None:
         return _build(topology, request, assigned)
-    kind, reason = _infeasible(topology, request, slots)
+    kind, reason = _infeasible(topology, request, groups)
     return PlacementPlan(
         request=request,
         feasible=False,

@@ -1,8 +1,8 @@
-"""Cut a cluster's free GPUs into TP-group slots that never cross an NVLink island.
+"""Cut a cluster's free GPUs into TP groups that never cross an NVLink island.
 
 Every TP group of a request has the same size g, so cutting each island's free GPUs into
 floor(free / g) groups up front loses no capacity, and the planner is left with a pure
-assignment problem (which slot serves which replica and stage). Inside a multi-node NVLink
+assignment problem (which group serves which replica and stage). Inside a multi-node NVLink
 domain, node-local groups are cut first and only the remainders are pooled across nodes, which
 keeps as many groups as possible inside one tray while still reaching floor(domain free / g).
 """
@@ -17,7 +17,7 @@ from hbmserve.placement.topology import ClusterTopology, GpuRef, Island, NodeTop
 
 
 @dataclass(frozen=True)
-class Slot:
+class TpGroup:
     order: int  # position in cluster order: the final tie-breaker, keeps plans deterministic
     island: str
     members: tuple[GpuRef, ...]
@@ -76,22 +76,22 @@ def _pcie_groups(node: NodeTopology, free: set[GpuRef], size: int) -> list[tuple
     return groups + _chunks(leftovers, size)[0]
 
 
-def enumerate_slots(
+def enumerate_tp_groups(
     topology: ClusterTopology,
     group_size: int,
     in_use: Iterable[GpuRef] = (),
     allow_pcie: bool = False,
     message_bytes: int = 1,
-) -> tuple[Slot, ...]:
-    """All disjoint TP-group slots of `group_size` GPUs that the free GPUs allow."""
+) -> tuple[TpGroup, ...]:
+    """All disjoint TP groups of `group_size` GPUs that the free GPUs allow."""
     used = set(in_use)
     free = {GpuRef(n.name, g.index) for n in topology.nodes for g in n.gpus} - used
-    slots: list[Slot] = []
+    groups: list[TpGroup] = []
 
     def add(island: str, members: tuple[GpuRef, ...], domain: str | None, island_free: int) -> None:
         node = topology.node(members[0].node)
         cost = ring_cost(topology, members, message_bytes)
-        slots.append(Slot(len(slots), island, members, node.rack, domain, cost, island_free))
+        groups.append(TpGroup(len(groups), island, members, node.rack, domain, cost, island_free))
 
     for island in topology.islands():
         available = sum(1 for m in island.members if m in free)
@@ -105,7 +105,7 @@ def enumerate_slots(
                 for members in _pcie_groups(node, free, group_size):
                     add(f"{node.name}-pcie", members, None, available)
                     free.difference_update(members)
-    return tuple(slots)
+    return tuple(groups)
 
 
 def largest_island(topology: ClusterTopology) -> int:
