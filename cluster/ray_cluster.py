@@ -15,6 +15,7 @@ from hbmserve.cluster.status_figures import LatencyVsSlo, latency_vs_slo, status
 from hbmserve.core.records import (DecisionRecord, IngressInfo, ModelTraffic, PlacementReport, Record, RecordError,
                                    ReplicaInfo, ReplicaRoles, WarmTierRecord)
 from hbmserve.core.scaling import ReplicaState
+from hbmserve.wire.names import FRONT_DOOR_APP, FRONT_DOOR_DEPLOYMENT, WARM_TIER_APP, engine_deployment_name
 
 NAMESPACE = "hbmserve"
 LOCAL_GCS_PORT = 6379
@@ -96,8 +97,6 @@ def deployment_gone() -> str | None:
     import ray
     from ray import serve
 
-    from hbmserve.wire.names import FRONT_DOOR_APP
-
     address = ray.get_runtime_context().gcs_address
     if not _port_open(address):
         return f"the Ray cluster at {address} is gone"
@@ -124,7 +123,6 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
     from ray import serve
 
     from hbmserve.apps.service_apps import build_front_door_app
-    from hbmserve.wire.names import FRONT_DOOR_APP
     from hbmserve.ingress.front_door_access import AccessConfigError, load_key_ring
     from hbmserve.apps.model_app import build_model_app, unsupported_engines
 
@@ -169,7 +167,6 @@ def _deploy_warm_tier(spec: ClusterSpec) -> None:
 
     from hbmserve.apps.service_apps import build_warm_tier_app
     from hbmserve.control.warm_tier import wants_warm_tier
-    from hbmserve.wire.names import WARM_TIER_APP
 
     if not wants_warm_tier(spec):
         return
@@ -309,7 +306,6 @@ def front_doors() -> list[IngressInfo]:
     times: a handle picks a replica per call."""
     from ray import serve
 
-    from hbmserve.wire.names import FRONT_DOOR_APP, FRONT_DOOR_DEPLOYMENT
     from hbmserve.wire.records_store import read_ingress_info
 
     app = serve.status().applications.get(FRONT_DOOR_APP)
@@ -331,10 +327,7 @@ def _status() -> list[ModelStatus]:
 
     from ray import serve
 
-    from hbmserve.wire.names import FRONT_DOOR_APP
     from hbmserve.wire.records_store import latest_decision
-    from hbmserve.wire.names import engine_deployment_name
-    from hbmserve.wire.names import WARM_TIER_APP
 
     # The handle's router warns each time a busy replica answers its queue-length probe late
     # (routinely, with tens of replicas on two cores); status only reads counters.
