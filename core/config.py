@@ -220,6 +220,12 @@ class HttpSpec(_Strict):
     max_connections: Annotated[int, Field(ge=16)] = 1024  # per front door; past it: 503
     # A replica that accepted a request but sent no byte within this is answered 504.
     first_byte_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    # Header floods: past either cap the request is answered 431 and its connection closed
+    # (wire/hardened_http.py; replicas use the defaults).
+    max_header_bytes: Annotated[int, Field(ge=4096)] = 64 * 1024
+    max_headers: Annotated[int, Field(ge=16)] = 100
+    # A connection that sends no byte at all within this is closed (silent sockets).
+    idle_connection_s: Annotated[float, Field(gt=0)] = 2.0
 
 
 class AuthSpec(_Strict):

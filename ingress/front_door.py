@@ -30,7 +30,7 @@ from hbmserve.ingress.front_door_access import AccessGuard, load_key_ring
 from hbmserve.ingress.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.ingress.front_door_queue import ModelAdmission
 from hbmserve.ingress.gpu_metrics import GpuCollector
-from hbmserve.ingress.hardened_http import HardenedServer, HttpLimits, listen_socket
+from hbmserve.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
 from hbmserve.wire.records_store import (RENEW_S, info_reply, latest_decision, live_doors, live_endpoints,
                                                  publish_demand, publish_door, remove_door)
 from hbmserve.ingress.replica_table import POLL_S, ReplicaTable
@@ -72,8 +72,7 @@ class FrontDoor:
         self.own_url = "http://{}:{}".format(*own.getsockname()[:2])
         await self._renew()
         await self._discover()
-        self.server = HardenedServer(self.app, HttpLimits(http.header_timeout_s, http.keep_alive_s,
-                                                          http.max_connections))
+        self.server = HardenedServer(self.app, HttpLimits.of(http))
         await self.server.start([public, own])
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._every(DISCOVER_S, self._discover)),

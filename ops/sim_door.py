@@ -24,7 +24,7 @@ from hbmserve.core.records import ReplicaEndpoint
 from hbmserve.ingress.front_door_access import AccessGuard, load_key_ring
 from hbmserve.ingress.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.ingress.front_door_queue import ModelAdmission
-from hbmserve.ingress.hardened_http import HardenedServer, HttpLimits, listen_socket
+from hbmserve.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
 from hbmserve.ingress.replica_table import POLL_S, ReplicaTable
 from hbmserve.wire.names import engine_deployment_name
 from hbmserve.replica.engine_replica import replica_budget
@@ -66,7 +66,7 @@ class SimDoor:
                            BodyLimits(http.max_body_bytes, http.body_timeout_s, http.first_byte_timeout_s))
         sock = listen_socket(self.host, self.port, shared=False)
         self.url = "http://{}:{}".format(*sock.getsockname()[:2])
-        self.server = HardenedServer(app, HttpLimits(http.header_timeout_s, http.keep_alive_s, http.max_connections))
+        self.server = HardenedServer(app, HttpLimits.of(http))
         await self.server.start([sock])
         self.poller = asyncio.get_running_loop().create_task(self._poll())
         return self

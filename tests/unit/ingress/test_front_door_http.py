@@ -12,7 +12,7 @@ import aiohttp
 import httpx
 import pytest
 
-from hbmserve.ingress.hardened_http import HardenedServer, HttpLimits, listen_socket
+from hbmserve.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
 from hbmserve.ingress.relay import NotStarted, relay
 
 
