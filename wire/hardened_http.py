@@ -81,6 +81,15 @@ class HardenedProtocol(HttpToolsProtocol):
             return
         super().on_headers_complete()
 
+    # The parser goes on through the rest of a chunk after a refusal: nothing of it reaches the app.
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
+
     def connection_lost(self, exc) -> None:
         self._disarm()
         super().connection_lost(exc)

@@ -177,3 +177,28 @@ def test_keep_alive_requests_each_get_the_header_caps():
             await server.stop()
 
     assert [a.split(b"\r\n")[0] for a in run(scenario())] == [b"HTTP/1.1 200 OK"] * 2
+
+
+def test_too_many_headers_with_a_body_in_the_same_write_reach_no_app():
+    seen = []
+
+    async def recording(scope, receive, send):
+        seen.append(scope["path"])
+        await echo_size(scope, receive, send)
+
+    async def scenario():
+        sock = listen_socket("127.0.0.1", 0, shared=False)
+        server = HardenedServer(recording, LIMITS)
+        await server.start([sock])
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+            writer.write(b"POST /x HTTP/1.1\r\nhost: x\r\n" + b"".join(b"x-h%d: 1\r\n" % i for i in range(200))
+                         + b"content-length: 5\r\n\r\nhello")
+            answer = await asyncio.wait_for(reader.read(), timeout=5)
+            writer.close()
+            return answer
+        finally:
+            await server.stop()
+
+    answer = run(scenario())
+    assert answer.startswith(b"HTTP/1.1 431 ") and answer.count(b"HTTP/1.1") == 1 and seen == [], answer
