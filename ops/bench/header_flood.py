@@ -30,26 +30,33 @@ async def _ok(scope, receive, send):
     await send({"type": "http.response.body", "body": b""})
 
 
+async def send_flood(port: int, flood_bytes: int, timeout_s: float = 12.0) -> tuple[int, bytes, int]:
+    """One flooding connection to 127.0.0.1:`port`, until the server answers or hangs up: the
+    bytes sent, the first bytes answered, and how many bytes this process's RSS grew."""
+    rss = psutil.Process().memory_info().rss
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    answer = asyncio.create_task(reader.read(4096))
+    sent = 0
+    writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n")
+    try:
+        while sent < flood_bytes and not answer.done():
+            writer.write(LINE)
+            sent += len(LINE)
+            await asyncio.wait_for(writer.drain(), timeout=timeout_s)
+    except (ConnectionError, asyncio.TimeoutError):
+        pass
+    grown = psutil.Process().memory_info().rss - rss
+    got = await asyncio.wait_for(answer, timeout=timeout_s + 3)
+    writer.close()
+    return sent, got, grown
+
+
 async def flood(limits: HttpLimits, flood_bytes: int) -> dict[str, object]:
     sock = listen_socket("127.0.0.1", 0, shared=False)
     server = HardenedServer(_ok, limits)
     await server.start([sock])
-    rss = psutil.Process().memory_info().rss
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
-        answer = asyncio.create_task(reader.read(200))
-        sent = 0
-        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n")
-        try:
-            while sent < flood_bytes and not answer.done():
-                writer.write(LINE)
-                sent += len(LINE)
-                await asyncio.wait_for(writer.drain(), timeout=limits.header_timeout_s + 2)
-        except (ConnectionError, asyncio.TimeoutError):
-            pass
-        grown = psutil.Process().memory_info().rss - rss
-        got = await asyncio.wait_for(answer, timeout=limits.header_timeout_s + 5)
-        writer.close()
+        sent, got, grown = await send_flood(sock.getsockname()[1], flood_bytes, limits.header_timeout_s + 2)
     finally:
         await server.stop()
     return {"sent_bytes": sent, "answer": got.split(b"\r\n", 1)[0].decode(errors="replace") or "(closed)",

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-import psutil
 import pytest
 
+from hbmserve.ops.bench.header_flood import send_flood
 from hbmserve.replica.replica_http import AsgiListener
 from hbmserve.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
 
@@ -50,34 +50,13 @@ async def replica_port():
     return listener, int(url.rsplit(":", 1)[1])
 
 
-async def flood(port: int, line: bytes, limit_bytes: int = 64 * 1024 * 1024) -> tuple[int, bytes, float]:
-    """Send the start of a request, then `line` over and over, never ending the headers, until
-    the server answers or hangs up; returns the bytes sent, the answer and how much this
-    process's RSS (server and client both) grew meanwhile."""
-    rss = psutil.Process().memory_info().rss
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    answer = asyncio.create_task(reader.read(4096))
-    sent = 0
-    writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n")
-    try:
-        while sent < limit_bytes and not answer.done():
-            writer.write(line)
-            sent += len(line)
-            await asyncio.wait_for(writer.drain(), timeout=2)
-    except (ConnectionError, asyncio.TimeoutError):
-        pass
-    grown = (psutil.Process().memory_info().rss - rss) / 2**20
-    got = await asyncio.wait_for(answer, timeout=5)
-    writer.close()
-    return sent, got, grown
-
-
 @pytest.mark.parametrize("listener", ["front door", "replica"])
 def test_an_endless_header_block_is_refused_431_after_the_cap(listener):
     async def scenario():
         server, port = await (front_door_port() if listener == "front door" else replica_port())
         try:
-            return await flood(port, b"x-filler: " + b"a" * 8180 + b"\r\n")
+            sent, answer, grown = await send_flood(port, 64 * 1024 * 1024)
+            return sent, answer, grown / 2**20
         finally:
             await server.stop()
 
