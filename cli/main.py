@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 
 import typer
 
@@ -39,4 +40,25 @@ def main() -> None:
     # local cluster, and Ray 2.60 would write ~/.ray/auth_token, which turns token auth on for
     # every later `ray start` on the machine. Read by Ray when it is first imported.
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
-    build_app()()
+    try:
+        build_app()()
+    except SystemExit as done:
+        _exit(done)
+
+
+def _exit(done: SystemExit) -> None:
+    """Leave with the command's exit code. A command that is still connected to Ray (status,
+    deploy) skips Ray's teardown at interpreter exit: a Serve handle's background thread can touch
+    the core worker after `ray.shutdown()`, and the core worker then ends the process with 1
+    after the command had printed its answer (seen in CI: `status --json` printed in full, exit
+    1). The output is flushed first; the cluster notices the driver's exit as it would anyway."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        raise done
+    code = done.code
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
