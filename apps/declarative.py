@@ -22,9 +22,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hbmserve.core.config import ClusterSpec, ConfigError, ModelSpec, parse_cluster_spec
+from hbmserve.wire.names import FRONT_DOOR_APP
 
-MODEL_APP = "hbmserve.apps.declarative:model_app"
-FRONT_DOOR_APP = "hbmserve.apps.declarative:front_door_app"
+MODEL_APP_IMPORT = "hbmserve.apps.declarative:model_app"
+FRONT_DOOR_APP_IMPORT = "hbmserve.apps.declarative:front_door_app"
 # Where the chart mounts the internal token Secret; the default of `hbmserve serve-config`.
 DEFAULT_INTERNAL_TOKEN_FILE = "/etc/hbmserve/internal/token"
 # `hbmserve deploy` makes 32 random bytes (43 characters); a shorter token is a mistake, not a choice.
@@ -138,15 +139,14 @@ def serve_config(spec: ClusterSpec, internal_token_file: str = DEFAULT_INTERNAL_
     """The Serve config (Serve's ServeDeploySchema, as plain data) that deploys `spec` through the
     builders above: one application per model plus the front door, none behind Serve's proxy
     (the front door carries the bytes; ingress/front_door.py says why)."""
-    from hbmserve.wire.names import FRONT_DOOR_APP as APP_NAME
 
     def args(**own: Any) -> dict[str, Any]:
         # A fresh copy per application: one shared dict would print as YAML anchors and aliases.
         return {"cluster": spec.model_dump(mode="json", exclude_defaults=True),
                 "internal_token_file": internal_token_file, **own}
 
-    apps = [{"name": m.name, "import_path": MODEL_APP, "route_prefix": None, "args": args(model=m.name)}
+    apps = [{"name": m.name, "import_path": MODEL_APP_IMPORT, "route_prefix": None, "args": args(model=m.name)}
             for m in spec.models]
-    apps.append({"name": APP_NAME, "import_path": FRONT_DOOR_APP, "route_prefix": None,
+    apps.append({"name": FRONT_DOOR_APP, "import_path": FRONT_DOOR_APP_IMPORT, "route_prefix": None,
                  "args": args(front_door_replicas=front_door_replicas)})
     return {"proxy_location": "Disabled", "http_options": {"host": spec.serve.http.host}, "applications": apps}

@@ -11,7 +11,7 @@ import yaml
 
 from hbmserve.core.config import parse_cluster_spec
 from hbmserve.wire.names import FRONT_DOOR_APP as APP_NAME
-from hbmserve.apps.declarative import FRONT_DOOR_APP, MODEL_APP, BuilderArgs, serve_config
+from hbmserve.apps.declarative import FRONT_DOOR_APP_IMPORT, MODEL_APP_IMPORT, BuilderArgs, serve_config
 from tests.chart.chart_support import one, pod_templates, ray_cluster, validate
 from tests.chart.chart_support import serve_config as rendered_serve_config
 from tests.chart.conftest import EXAMPLES
@@ -64,7 +64,7 @@ def test_serve_config_is_what_hbmserve_writes_for_the_same_cluster(rendered, nam
         app["args"]["cluster"] = parse_cluster_spec(app["args"]["cluster"])
     assert rendered_config == expected
     assert [a["name"] for a in apps] == [m.name for m in spec.models] + [APP_NAME]
-    assert {a["import_path"] for a in apps} == {MODEL_APP, FRONT_DOOR_APP}
+    assert {a["import_path"] for a in apps} == {MODEL_APP_IMPORT, FRONT_DOOR_APP_IMPORT}
 
 
 @pytest.mark.parametrize("name", CASES)

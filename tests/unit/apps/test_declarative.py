@@ -13,7 +13,7 @@ from hbmserve.core.config import parse_cluster_spec
 from hbmserve.apps import model_app as serve_app, placed_app
 from hbmserve.apps import service_apps as front_door
 from hbmserve.apps.placed_app import plan_models
-from hbmserve.apps.declarative import (FRONT_DOOR_APP, MIN_TOKEN_CHARS, MODEL_APP, ServeConfigError,
+from hbmserve.apps.declarative import (FRONT_DOOR_APP_IMPORT, MIN_TOKEN_CHARS, MODEL_APP_IMPORT, ServeConfigError,
                                                front_door_app, model_app, read_internal_token, serve_config)
 from hbmserve.placement.cluster_file import load_cluster_file
 from hbmserve.wire.names import FRONT_DOOR_APP as FRONT_DOOR_APP_NAME
@@ -132,7 +132,7 @@ def test_serve_config_names_every_model_and_the_front_door_behind_no_proxy():
     config = serve_config(spec, "/run/token", front_door_replicas=4)
     assert config["proxy_location"] == "Disabled" and config["http_options"] == {"host": "0.0.0.0"}
     assert [(a["name"], a["import_path"]) for a in config["applications"]] == [
-        ("a", MODEL_APP), ("b", MODEL_APP), (FRONT_DOOR_APP_NAME, FRONT_DOOR_APP)]
+        ("a", MODEL_APP_IMPORT), ("b", MODEL_APP_IMPORT), (FRONT_DOOR_APP_NAME, FRONT_DOOR_APP_IMPORT)]
     for app in config["applications"]:
         assert app["route_prefix"] is None and app["args"]["internal_token_file"] == "/run/token"
         assert parse_cluster_spec(app["args"]["cluster"]) == spec
