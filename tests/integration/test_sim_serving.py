@@ -1,13 +1,15 @@
 """End to end with the simulated engine: a real Ray head and Serve running three "Llama-3.1-70B on
 H100 TP=4" replicas on this machine's CPUs, one shared endpoint, through the `openai` SDK.
 
-The local head (GCS port 6379) has one owner at a time: every fixture goes through conftest's
-`local_head`, which takes the head down before its own `up`. Modules that use the session-scoped
-`served` must therefore not be collected after this one (today they all sort before it).
+Last, `ray job submit --working-dir . -- hbmserve deploy CONFIG` redeploys the same config on
+this head, as a CI pipeline would: simulated replicas restart in seconds where a vLLM-CPU one
+takes a minute, and the job path does not depend on the engine.
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -119,3 +121,22 @@ def test_concurrent_requests_all_succeed_and_spread_over_replicas(status, sim_se
     assert sum(served.values()) == CONCURRENT
     assert sum(1 for n in served.values() if n > 0) >= 2, served
     assert all(r["rejected"] == 0 and r["in_flight"] == 0 for r in after)
+
+
+def test_job_submit_deploys_config_from_working_dir(sim_served, tmp_path, venv_bin):
+    workdir = tmp_path / "job"
+    workdir.mkdir()
+    shutil.copy(sim_served["config"], workdir / "cluster.yaml")
+    r = subprocess.run(
+        [str(venv_bin / "ray"), "job", "submit", "--address", "http://127.0.0.1:8265",
+         "--working-dir", str(workdir), "--", "hbmserve", "deploy", "cluster.yaml"],
+        capture_output=True, text=True, timeout=600,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "succeeded" in out.lower()
+    assert f"serving {MODEL} at {sim_served['url']}/v1" in out
+    # The deployment the job made serves on the same endpoint.
+    resp = httpx.post(f"{sim_served['url']}/v1/completions", timeout=60,
+                      json={"model": MODEL, "prompt": "hello", "max_tokens": 3})
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
