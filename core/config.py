@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, IPvAnyNetwork, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from hbmserve.core.cache_spec import WeightCacheSpec
@@ -217,7 +217,14 @@ class HttpSpec(_Strict):
     body_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024  # past it: 413
     keep_alive_s: Annotated[int, Field(ge=1)] = 5  # idle keep-alive connections are closed after it
-    max_connections: Annotated[int, Field(ge=16)] = 1024  # per front door; past it: 503
+    # Requests one front door handles at once (probes apart); past it: 429 + Retry-After. Idle
+    # and silent sockets are not requests and do not count (wire/hardened_http.py).
+    max_in_flight: Annotated[int, Field(ge=16)] = 1024
+    # Sockets one client address may hold open on a front door; past it: 429 and close.
+    max_connections_per_client: Annotated[int, Field(ge=1)] = 64
+    # Load balancers or proxies (addresses or CIDR networks) that carry many clients' sockets:
+    # the per-client cap skips them (tenant limits still apply per key).
+    trusted_proxies: list[IPvAnyNetwork] = Field(default_factory=list)
     # A replica that accepted a request but sent no byte within this is answered 504.
     first_byte_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     # Header floods: past either cap the request is answered 431 and its connection closed
@@ -226,6 +233,14 @@ class HttpSpec(_Strict):
     max_headers: Annotated[int, Field(ge=16)] = 100
     # A connection that sends no byte at all within this is closed (silent sockets).
     idle_connection_s: Annotated[float, Field(gt=0)] = 2.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_socket_cap(cls, data):
+        if isinstance(data, dict) and "max_connections" in data:
+            raise ValueError("max_connections is gone: it counted silent sockets, which then starved /health. "
+                             "Use max_in_flight (requests at once) and max_connections_per_client")
+        return data
 
 
 class AuthSpec(_Strict):

@@ -72,7 +72,8 @@ class FrontDoor:
         self.own_url = "http://{}:{}".format(*own.getsockname()[:2])
         await self._renew()
         await self._discover()
-        self.server = HardenedServer(self.app, HttpLimits.of(http))
+        self.server = HardenedServer(self.app, HttpLimits.of(http),
+                                     on_refused=lambda code: self.app.refusals.note(None, code, None))
         await self.server.start([public, own])
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._every(DISCOVER_S, self._discover)),

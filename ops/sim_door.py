@@ -62,11 +62,12 @@ class SimDoor:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
         await self.table.poll(self.session, self.token)
         self.admission = {m.name: ModelAdmission(m, self.table) for m in self.spec.models}
-        app = FrontDoorApp(self.spec, self.table, guard, self.admission, lambda: self.session, self.token,
-                           BodyLimits(http.max_body_bytes, http.body_timeout_s, http.first_byte_timeout_s))
+        self.app = FrontDoorApp(self.spec, self.table, guard, self.admission, lambda: self.session, self.token,
+                                BodyLimits(http.max_body_bytes, http.body_timeout_s, http.first_byte_timeout_s))
         sock = listen_socket(self.host, self.port, shared=False)
         self.url = "http://{}:{}".format(*sock.getsockname()[:2])
-        self.server = HardenedServer(app, HttpLimits.of(http))
+        self.server = HardenedServer(self.app, HttpLimits.of(http),
+                                     on_refused=lambda code: self.app.refusals.note(None, code, None))
         await self.server.start([sock])
         self.poller = asyncio.get_running_loop().create_task(self._poll())
         return self

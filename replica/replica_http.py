@@ -34,9 +34,9 @@ class EngineLoad:
 
 # The replica's listener: the front door's hardened protocol (wire/hardened_http.py), so a
 # client that reaches a replica port directly meets the same header deadline, idle-socket
-# timeout and header caps. No connection cap here: only front doors connect, through pooled
-# keep-alive connections.
-REPLICA_HTTP_LIMITS = HttpLimits(keep_alive_s=30, max_connections=None)
+# timeout and header caps. No request or per-address cap here: front doors are its only
+# clients, each through a pool of keep-alive sockets, and the replica cap bounds what runs.
+REPLICA_HTTP_LIMITS = HttpLimits(keep_alive_s=30, max_in_flight=None, max_connections_per_client=None)
 
 
 class AsgiListener:

@@ -9,9 +9,15 @@ nor the bytes spent getting there. `HardenedProtocol` adds, per connection:
   and whenever a new request starts: 408 and close (slowloris);
 * a cap on the header bytes (`max_header_bytes`, 64 KiB) and on the header count
   (`max_headers`): 431 and close, before httptools buffers more of a header flood.
+* a cap on the sockets one client address holds open (`max_connections_per_client`; trusted
+  proxies apart): a new socket past it gets 429 and is closed.
 The body's own timeout and size limit are the app's business (ingress/front_door_app.py
 `read_body`), where the request is. Idle keep-alive connections are closed by uvicorn's
-`timeout_keep_alive`; the connection cap is uvicorn's `limit_concurrency` (503 past it).
+`timeout_keep_alive`.
+
+There is no cap on open sockets as such: uvicorn's `limit_concurrency` counted sockets that had
+sent nothing, so silent sockets filled it and `/health` answered 503. `InFlightCap` caps
+requests instead, and never the probe paths.
 """
 
 from __future__ import annotations
@@ -19,14 +25,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections import Counter
+from typing import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from hbmserve.wire.http_limits import LINGER_S, HttpLimits
+from hbmserve.wire.http import openai_error
+from hbmserve.wire.http_limits import LINGER_S, OVERLOAD_RETRY_AFTER_S, PROBE_PATHS, HttpLimits
 
 
 class HardenedProtocol(HttpToolsProtocol):
     limits = HttpLimits()  # set per server by `protocol_for`
+    open_per_client: Counter[str] = Counter()  # per server too: address -> open sockets it holds
+    on_refused: Callable[[str], None] | None = None  # per server: told the code of each cap's refusal
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -34,8 +45,17 @@ class HardenedProtocol(HttpToolsProtocol):
         self._awaiting_headers = True
         self._header_bytes = self._header_count = 0
         self._refused = False
-        self._silent_timer: asyncio.TimerHandle | None = self.loop.call_later(
-            self.limits.idle_connection_s, self._silent_too_long)
+        self._silent_timer: asyncio.TimerHandle | None = None
+        self._counted_as = self.client[0] if self.client and self.limits.caps_client(self.client[0]) else None
+        if self._counted_as is not None:
+            if self.open_per_client[self._counted_as] >= self.limits.max_connections_per_client:
+                self._counted_as = None  # refused sockets hold no place while they linger
+                self._refuse(429, b"too many connections from this address")
+                if self.on_refused is not None:
+                    self.on_refused("too_many_connections")
+                return
+            self.open_per_client[self._counted_as] += 1
+        self._silent_timer = self.loop.call_later(self.limits.idle_connection_s, self._silent_too_long)
         self._arm()
 
     def _arm(self) -> None:
@@ -92,6 +112,10 @@ class HardenedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm()
+        if self._counted_as is not None:
+            self.open_per_client[self._counted_as] -= 1
+            if not self.open_per_client[self._counted_as]:
+                del self.open_per_client[self._counted_as]
         super().connection_lost(exc)
 
     def _silent_too_long(self) -> None:
@@ -115,7 +139,7 @@ class HardenedProtocol(HttpToolsProtocol):
         sending) resets it, and the reset can destroy the answer before the client reads it; so
         the reply is followed by a FIN, what still arrives is dropped unparsed, and the socket
         closes LINGER_S later."""
-        reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[status]
+        reason = {408: b"Request Timeout", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large"}[status]
         self._disarm()
         self._refused = True
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n"
@@ -128,8 +152,35 @@ class HardenedProtocol(HttpToolsProtocol):
         self.loop.call_later(LINGER_S, self.transport.close)
 
 
-def protocol_for(limits: HttpLimits) -> type[HardenedProtocol]:
-    return type("HardenedHttp", (HardenedProtocol,), {"limits": limits})
+def protocol_for(limits: HttpLimits, on_refused: Callable[[str], None] | None = None) -> type[HardenedProtocol]:
+    return type("HardenedHttp", (HardenedProtocol,),
+                {"limits": limits, "open_per_client": Counter(), "on_refused": staticmethod(on_refused)})
+
+
+class InFlightCap:
+    """ASGI wrapper: at most `cap` requests handled at once; past it, 429 + Retry-After in
+    OpenAI's error shape. The probe paths are always handled, so a full door stays ready."""
+
+    def __init__(self, app, cap: int | None, on_refused: Callable[[str], None] | None = None):
+        self.app, self.cap, self.in_flight, self.on_refused = app, cap, 0, on_refused
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.cap is None or scope["type"] != "http" or scope["path"] in PROBE_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.cap:
+            if self.on_refused is not None:
+                self.on_refused("server_busy")
+            for msg in openai_error(429, f"this server is handling its limit of {self.cap} requests at once; "
+                                    "retry shortly", "rate_limit_error", "server_busy",
+                                    [(b"retry-after", str(OVERLOAD_RETRY_AFTER_S).encode())]):
+                await send(msg)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
 
 
 def listen_socket(host: str, port: int, shared: bool) -> socket.socket:
@@ -151,13 +202,16 @@ def listen_socket(host: str, port: int, shared: bool) -> socket.socket:
 
 
 class HardenedServer:
-    """One uvicorn server on the running loop over the given sockets; Ray keeps the signals."""
+    """One uvicorn server on the running loop over the given sockets; Ray keeps the signals.
+    `on_refused(code)` hears each refusal of a cap ("server_busy", "too_many_connections")."""
 
-    def __init__(self, asgi, limits: HttpLimits, graceful_shutdown_s: float = 5.0, lifespan: str = "off"):
+    def __init__(self, asgi, limits: HttpLimits, graceful_shutdown_s: float = 5.0, lifespan: str = "off",
+                 on_refused: Callable[[str], None] | None = None):
         import uvicorn
 
-        config = uvicorn.Config(asgi, http=protocol_for(limits), log_level="warning", access_log=False,
-                                timeout_keep_alive=limits.keep_alive_s, limit_concurrency=limits.max_connections,
+        self.cap = InFlightCap(asgi, limits.max_in_flight, on_refused)
+        config = uvicorn.Config(self.cap, http=protocol_for(limits, on_refused), log_level="warning",
+                                access_log=False, timeout_keep_alive=limits.keep_alive_s,
                                 timeout_graceful_shutdown=graceful_shutdown_s, lifespan=lifespan)
 
         class _Server(uvicorn.Server):

@@ -36,7 +36,7 @@ async def start(app, limits: HttpLimits) -> tuple[HardenedServer, int]:
 
 def test_slow_headers_are_cut_off_while_real_clients_are_served():
     async def scenario():
-        server, port = await start(ok_app, HttpLimits(header_timeout_s=0.5, keep_alive_s=5, max_connections=64))
+        server, port = await start(ok_app, HttpLimits(header_timeout_s=0.5, keep_alive_s=5))
         try:
             slow = []
             for _ in range(20):  # slowloris: a request line and one header byte, then nothing
@@ -61,7 +61,7 @@ def test_slow_headers_are_cut_off_while_real_clients_are_served():
 
 def test_idle_connection_between_requests_gets_the_same_header_deadline():
     async def scenario():
-        server, port = await start(ok_app, HttpLimits(header_timeout_s=0.5, keep_alive_s=30, max_connections=64))
+        server, port = await start(ok_app, HttpLimits(header_timeout_s=0.5, keep_alive_s=30))
         try:
             r, w = await asyncio.open_connection("127.0.0.1", port)
             w.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -170,25 +170,6 @@ def test_a_whole_reply_is_relayed_with_status_and_headers():
         assert json.loads(sent.body)["error"]["message"] == "bad"
 
     run(scenario())
-
-
-def test_past_the_connection_cap_new_requests_get_503_and_the_cap_frees_when_idlers_are_cut():
-    async def scenario():
-        server, port = await start(ok_app, HttpLimits(header_timeout_s=1.0, keep_alive_s=5, max_connections=16))
-        try:
-            idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(16)]
-            async with httpx.AsyncClient() as client:
-                over = (await client.get(f"http://127.0.0.1:{port}/")).status_code
-                await asyncio.sleep(1.5)  # the idle connections hit the header deadline and are closed
-                after = (await client.get(f"http://127.0.0.1:{port}/")).status_code
-            for _, w in idle:
-                w.close()
-            return over, after
-        finally:
-            await server.stop()
-
-    over, after = run(scenario())
-    assert (over, after) == (503, 200)
 
 
 def test_a_replica_that_accepts_and_stays_silent_times_out_before_any_byte():

@@ -15,7 +15,7 @@ from hbmserve.ops.bench.header_flood import send_flood
 from hbmserve.replica.replica_http import AsgiListener
 from hbmserve.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
 
-LIMITS = HttpLimits(header_timeout_s=5.0, keep_alive_s=5, max_connections=64, idle_connection_s=0.3)
+LIMITS = HttpLimits(header_timeout_s=5.0, keep_alive_s=5, idle_connection_s=0.3)
 
 
 def run(coro, timeout: float = 30):

@@ -1,0 +1,85 @@
+"""Black box: `python -m hbmserve.ops.sim_door` (the front door's app and server in front of
+simulated replicas, no Ray) attacked as in the hardening issue. One address opens far more
+silent sockets than it may hold and refreshes them; the door stays ready and serves real
+requests from another address. On the listener before, 63 silent sockets made `/health` 503."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+ATTACKER = "127.0.0.2"
+PER_CLIENT = 64  # the shipped default of serve.http.max_connections_per_client
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory):
+    cfg = tmp_path_factory.mktemp("door") / "cluster.yaml"
+    port = _free_port()
+    # The shipped caps, and deadlines longer than the test so that only the caps decide.
+    cfg.write_text(f"""name: socket-attack
+serve: {{http: {{host: 127.0.0.1, port: {port}, max_in_flight: 16, idle_connection_s: 60, header_timeout_s: 60}}}}
+models:
+  - name: sim-a
+    source: simulated
+    engine: sim
+    replicas: 1
+    sim: {{gpu: h100-sxm, model_config_name: llama-3.1-8b, speedup: 20}}
+    engine_settings: {{max_model_len: 2048, max_num_seqs: 8}}
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "hbmserve.ops.sim_door", "--config", str(cfg), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "no start"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _silent(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(ATTACKER, 0))
+    return s
+
+
+def test_silent_sockets_from_one_address_leave_the_door_ready_and_serving(door):
+    port = int(door.rsplit(":", 1)[1])
+    held = [_silent(port) for _ in range(PER_CLIENT + 36)]  # 100 sockets, 8 more each probe below
+    probes, answers = [], []
+    with httpx.Client(base_url=door, timeout=10) as client:
+        for i in range(15):
+            held += [_silent(port) for _ in range(8)]
+            probes.append(client.get("/health").status_code)
+            r = client.post("/v1/completions", json={"model": "sim-a", "prompt": f"p{i}", "max_tokens": 4})
+            answers.append(r.status_code)
+    # The sockets past the address's cap were answered 429 and closed by the door.
+    refused = 0
+    for s in held:
+        s.settimeout(0.05)
+        try:
+            refused += s.recv(64).startswith(b"HTTP/1.1 429")
+        except TimeoutError:
+            pass  # held open: silent, within the cap
+        s.close()
+    assert probes == [200] * 15 and answers == [200] * 15
+    assert refused == len(held) - PER_CLIENT
