@@ -1,10 +1,11 @@
-"""Serving commands: model, up, down, deploy, status."""
+"""Serving commands: model, up, down, deploy, status, ray-env."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shlex
 import signal
 import statistics
 import threading
@@ -108,20 +109,41 @@ def _deploy(spec: ClusterSpec) -> dict[str, str]:
     return endpoints
 
 
+INSECURE_HELP = ("Serve even where an unauthenticated client could reach something: a front door on a "
+                 "non-loopback address without serve.auth, or (up) a Ray head with RAY_AUTH_MODE=disabled. "
+                 "What is exposed is printed.")
+
+
+def _check_exposure(spec: ClusterSpec, insecure: bool, ray_auth: bool) -> None:
+    """Refuse what an unauthenticated client could reach, unless --insecure; then say what it is."""
+    from hbmserve.cluster.checks import exposure
+
+    lines = exposure(spec, ray_auth)
+    if lines and not insecure:
+        raise fail("refusing to serve without authentication:\n  " + "\n  ".join(lines)
+                   + "\nfix the config, or run again with --insecure to serve anyway")
+    for line in lines:
+        err.print(f"[yellow]insecure:[/] {line}", highlight=False, soft_wrap=True)
+
+
 def up(
     config: Optional[Path] = typer.Argument(None, help="Cluster config YAML; default: the tiny model on vLLM-CPU."),
     detach: bool = typer.Option(False, help="Return after deploying instead of serving until Ctrl-C."),
+    insecure: bool = typer.Option(False, "--insecure", help=INSECURE_HELP),
 ) -> None:
     """Start a local Ray head (or use RAY_ADDRESS), deploy, and serve until Ctrl-C."""
+    from hbmserve.cluster import ray_auth
     from hbmserve.cluster import ray_cluster as rc
 
     spec = _load(config)
-    _ensure_local_models(spec)
     own_head = not os.environ.get("RAY_ADDRESS")
+    # Ray's auth is judged only for a head this command starts; another cluster's is its owner's.
+    _check_exposure(spec, insecure, ray_auth=ray_auth.head_auth_on() or not own_head)
+    _ensure_local_models(spec)
     try:
         if own_head and not rc.local_head_running():
             with err.status("starting a local Ray head"):
-                rc.start_local_head(spec.serve.dashboard_port)
+                rc.start_local_head(spec.serve.dashboard_port, spec.serve.head_host)
         else:
             own_head = False
         rc.connect(None)
@@ -221,16 +243,34 @@ def down() -> None:
     out.print("down")
 
 
-def deploy(config: Path = typer.Argument(..., help="Cluster config YAML.")) -> None:
+def deploy(
+    config: Path = typer.Argument(..., help="Cluster config YAML."),
+    insecure: bool = typer.Option(False, "--insecure", help=INSECURE_HELP),
+) -> None:
     """Deploy onto an existing cluster (RAY_ADDRESS); this is what `ray job submit` runs."""
     from hbmserve.cluster import ray_cluster as rc
 
     spec = _load(config)
+    _check_exposure(spec, insecure, ray_auth=True)
     try:
         rc.connect(None)
     except rc.ClusterError as e:
         raise fail(str(e), EXIT_FAILED) from None
     _print_endpoints(spec, _deploy(spec), None)
+
+
+def ray_env() -> None:
+    """Print the shell lines that let Ray's own CLI (ray job submit, ray status) reach the local
+    head `hbmserve up` started, which runs with token authentication: eval "$(hbmserve ray-env)"."""
+    from hbmserve.cluster import ray_auth
+    from hbmserve.cluster.ray_cluster import loopback_head
+
+    env = ray_auth.token_env()
+    if env is None:
+        raise fail(f"no Ray token at {ray_auth.token_path()}: start the head with `hbmserve up` first",
+                   EXIT_FAILED)
+    for key, value in (env | (ray_auth.LOOPBACK_ENV if loopback_head() else {})).items():
+        print(f"export {key}={shlex.quote(value)}")
 
 
 def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
@@ -336,3 +376,4 @@ def register(app: typer.Typer) -> None:
     app.command()(down)
     app.command()(deploy)
     app.command()(status)
+    app.command("ray-env")(ray_env)

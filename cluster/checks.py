@@ -113,3 +113,30 @@ def _indented(text: str) -> str:
     # without pydantic's link to its own docs.
     lines = [line for line in text.splitlines() if line.strip() and "errors.pydantic.dev" not in line]
     return "\n      ".join(lines)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name) is reachable only from this machine."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
+def exposure(spec: ClusterSpec, ray_auth: bool) -> list[str]:
+    """What an unauthenticated client could reach with this config: one line each; empty when
+    nothing. `up` and `deploy` refuse a non-empty list unless run with --insecure, and print it."""
+    http = spec.serve.http
+    lines = []
+    if spec.serve.auth is None and not is_loopback(http.host):
+        lines.append(f"the front door on {http.host}:{http.port} answers anyone without a key, every path "
+                     "included: the models, /metrics and the admin paths /hbm/* (set serve.auth, or "
+                     "serve.http.host: 127.0.0.1)")
+    if not ray_auth:
+        lines.append("the local Ray head runs without token authentication: anyone who reaches its ports "
+                     "(GCS 6379, the dashboard, the raylet) can run code on this machine")
+    return lines

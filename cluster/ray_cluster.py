@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hbmserve.cluster import ray_auth
 from hbmserve.core.config import ClusterSpec
 from hbmserve.cluster.status_figures import LatencyVsSlo, latency_vs_slo, status_roles, usd_per_hour
 from hbmserve.core.records import (DecisionRecord, IngressInfo, ModelTraffic, PlacementReport, Record, RecordError,
@@ -32,19 +33,24 @@ def _ray_cli() -> str:
     return str(exe)
 
 
-def start_local_head(dashboard_port: int) -> str:
-    """Start a Ray head on loopback (like `ray start --head`); returns its address."""
+def start_local_head(dashboard_port: int, host: str = "127.0.0.1") -> str:
+    """Start a Ray head (like `ray start --head`) with Ray's token authentication on
+    (cluster/ray_auth.py), listening on `host` alone when it is loopback; returns its address."""
+    from hbmserve.cluster.checks import is_loopback
+
     cmd = [
         _ray_cli(), "start", "--head",
-        "--node-ip-address", "127.0.0.1",
+        "--node-ip-address", host,
         "--port", str(LOCAL_GCS_PORT),
-        "--dashboard-host", "127.0.0.1",
+        "--dashboard-host", host,
         "--dashboard-port", str(dashboard_port),
         "--disable-usage-stats",
     ]
+    single_machine = ray_auth.LOOPBACK_ENV if is_loopback(host) else {}  # ray_auth.py says why
     # Job drivers (`ray job submit -- hbmserve deploy ...`) inherit the head's PATH: put this
     # environment's scripts first so they find `hbmserve` without an activated venv.
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           **ray_auth.head_env(), **single_machine}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-6:])
@@ -74,11 +80,32 @@ def local_head_running() -> bool:
     return _port_open(f"127.0.0.1:{LOCAL_GCS_PORT}")
 
 
+def loopback_head() -> bool:
+    """Whether the local head runs and listens on loopback alone (its GCS port is closed on the
+    machine's outward address)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.250", 9))  # sends nothing: picks the machine's outward address
+            outside = s.getsockname()[0]
+        except OSError:
+            return local_head_running()
+    return local_head_running() and not _port_open(f"{outside}:{LOCAL_GCS_PORT}")
+
+
+def local_head_env() -> dict[str, str]:
+    """What a client of the local head needs in its environment (cluster/ray_auth.py)."""
+    return ray_auth.client_env() | (ray_auth.LOOPBACK_ENV if loopback_head() else {})
+
+
 def connect(address: str | None) -> str:
     """Connect this process to a cluster; `address` None means RAY_ADDRESS or the local head."""
+    addr = address or os.environ.get("RAY_ADDRESS") or f"127.0.0.1:{LOCAL_GCS_PORT}"
+    if addr == f"127.0.0.1:{LOCAL_GCS_PORT}" and "ray" not in sys.modules:
+        os.environ.update(local_head_env())  # before Ray is imported: it reads them once
     import ray
 
-    addr = address or os.environ.get("RAY_ADDRESS") or f"127.0.0.1:{LOCAL_GCS_PORT}"
     if ray.is_initialized():
         return addr
     if not _port_open(addr.removeprefix("ray://")):

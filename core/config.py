@@ -262,6 +262,10 @@ class ServeSpec(_Strict):
     router: Literal["choose", "round-robin", "power-of-two", "least-loaded"] = "choose"
     # Ray dashboard port for `hbmserve up`.
     dashboard_port: Annotated[int, Field(ge=1, le=65535)] = 8265
+    # Where the head `hbmserve up` starts listens. Loopback (the default): every Ray port on
+    # 127.0.0.1, one machine. Another address lets other machines join with
+    # `ray start --address`; Ray's token authentication guards it either way.
+    head_host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
 
     @model_validator(mode="before")
     @classmethod

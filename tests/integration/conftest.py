@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.integration.ray_ports import listeners
+
 VENV_BIN = Path(sys.executable).parent
 HBMSERVE = str(VENV_BIN / "hbmserve")
 TEST_PORT = 18000  # not 8000: leave a developer's own `make serve` alone
@@ -35,13 +37,15 @@ def local_head(config: Path, port: int, extra_env: dict[str, str] | None = None)
     down from whoever held it (a stale run, or an earlier module's fixture)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | (extra_env or {})
     run_cli("down", timeout=120, env=env)
+    before = listeners()
     t0 = time.monotonic()
     try:
         up = run_cli("up", "--detach", str(config), env=env)
         assert up.returncode == 0, up.stdout + up.stderr
         url = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
-        yield {"url": url, "up_s": time.monotonic() - t0, "config": config, "stdout": up.stdout}
+        yield {"url": url, "up_s": time.monotonic() - t0, "config": config, "stdout": up.stdout,
+               "listening_before": before}
     finally:
         run_cli("down", timeout=180, env=env)
 

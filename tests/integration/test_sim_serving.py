@@ -8,6 +8,9 @@ takes a minute, and the job path does not depend on the engine.
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+
+from tests.integration.ray_ports import accepts_unauthenticated, listeners, outside_address
 
 pytestmark = pytest.mark.integration
 MODEL = "llama-70b-sim"
@@ -123,15 +128,21 @@ def test_concurrent_requests_all_succeed_and_spread_over_replicas(status, sim_se
     assert all(r["rejected"] == 0 and r["in_flight"] == 0 for r in after)
 
 
-def test_job_submit_deploys_config_from_working_dir(sim_served, tmp_path, venv_bin):
+def test_job_submit_deploys_config_from_working_dir(sim_served, tmp_path, venv_bin, cli):
     workdir = tmp_path / "job"
     workdir.mkdir()
     shutil.copy(sim_served["config"], workdir / "cluster.yaml")
-    r = subprocess.run(
-        [str(venv_bin / "ray"), "job", "submit", "--address", "http://127.0.0.1:8265",
-         "--working-dir", str(workdir), "--", "hbmserve", "deploy", "cluster.yaml"],
-        capture_output=True, text=True, timeout=600,
-    )
+    job = [str(venv_bin / "ray"), "job", "submit", "--address", "http://127.0.0.1:8265",
+           "--working-dir", str(workdir), "--", "hbmserve", "deploy", "cluster.yaml"]
+    # The head runs with Ray's token auth: without the README's one step, Ray's CLI is refused.
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    refused = subprocess.run(job, capture_output=True, text=True, timeout=120, env=plain)
+    assert refused.returncode != 0 and "Authentication required" in refused.stdout + refused.stderr, refused.stderr
+    # The step: eval "$(hbmserve ray-env)".
+    lines = cli("ray-env", timeout=60).stdout.splitlines()
+    exported = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in lines)
+    assert exported["RAY_AUTH_MODE"] == "token"
+    r = subprocess.run(job, capture_output=True, text=True, timeout=600, env=plain | exported)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "succeeded" in out.lower()
@@ -140,3 +151,19 @@ def test_job_submit_deploys_config_from_working_dir(sim_served, tmp_path, venv_b
     resp = httpx.post(f"{sim_served['url']}/v1/completions", timeout=60,
                       json={"model": MODEL, "prompt": "hello", "max_tokens": 3})
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
+
+
+def test_no_port_the_default_up_opened_takes_an_unauthenticated_ray_call(sim_served):
+    """Every listener `up` added, probed from this machine's outside address as a stranger on the
+    network would: a token-less gRPC call and a token-less dashboard request."""
+    outside = outside_address()
+    if outside is None:
+        pytest.skip("this machine has no non-loopback address to probe from")
+    added = sorted(listeners() - sim_served["listening_before"], key=lambda x: x.port)
+    assert added, "`up` opened no listener at all?"
+    report = {f"{x.address} {x.process}": ("loopback only" if x.loopback_only
+                                           else accepts_unauthenticated(outside, x.port) or "refused without a token")
+              for x in added}
+    print(json.dumps(report, indent=1))
+    accepted = {k: v for k, v in report.items() if v not in ("loopback only", "refused without a token")}
+    assert accepted == {}, report
