@@ -24,13 +24,14 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hbmserve.core.config import ClusterSpec
-from hbmserve.core.routing import RouteRequest, Router
+from hbmserve.core.routing import CHARS_PER_TOKEN, RouteRequest, Router
 from hbmserve.ingress.front_door_access import AccessGuard, Credential, Refusal
 from hbmserve.ingress.dashboard_feed import DashboardFeed
 from hbmserve.ingress.door_metrics import Refusals
 from hbmserve.ingress.front_door_openapi import openapi_document
 from hbmserve.ingress.front_door_queue import ModelAdmission, ask_for
 from hbmserve.ingress.relay import FirstByteTimeout, NotStarted, relay, upstream_headers
+from hbmserve.ingress.request_body import BodyShapeError, Generation, read_generation
 from hbmserve.wire.http import json_response, openai_error
 from hbmserve.ingress.replica_table import ReplicaTable
 from hbmserve.routing.routers import ROUTERS
@@ -94,9 +95,10 @@ def prompt_text(path: str, body: dict[str, Any]) -> str:
     return prompt if isinstance(prompt, str) else ""
 
 
-async def _send_error(send, status: int, message: str, err_type: str, code: str, retry_after: int | None = None):
+async def _send_error(send, status: int, message: str, err_type: str, code: str, retry_after: int | None = None,
+                      param: str | None = None):
     headers = [(b"retry-after", str(retry_after).encode())] if retry_after else []
-    for msg in openai_error(status, message, err_type, code, headers):
+    for msg in openai_error(status, message, err_type, code, headers, param):
         await send(msg)
 
 
@@ -176,9 +178,9 @@ class FrontDoorApp:
             await self._error(send, 404, f"no such path: {path}", "invalid_request_error", "not_found")
 
     async def _error(self, send, status: int, message: str, err_type: str, code: str, retry_after: int | None = None,
-                     model: str | None = None, tenant: str | None = None) -> None:
+                     model: str | None = None, tenant: str | None = None, param: str | None = None) -> None:
         self.refusals.note(model, code, tenant)
-        await _send_error(send, status, message, err_type, code, retry_after)
+        await _send_error(send, status, message, err_type, code, retry_after, param)
 
     async def _refuse(self, send, r: Refusal, model: str | None = None, tenant: str | None = None) -> None:
         await self._error(send, r.status, r.message, r.err_type, r.code, r.retry_after_s, model, tenant)
@@ -212,6 +214,10 @@ class FrontDoorApp:
             return
         try:
             body = json.loads(raw)
+        except RecursionError:  # 400 KB of nested brackets: refused, not a 500
+            await self._error(send, 400, "the request body is nested too deeply", "invalid_request_error",
+                              "invalid_json", tenant=tenant)
+            return
         except ValueError:
             body = None
         if not isinstance(body, dict):
@@ -228,8 +234,23 @@ class FrontDoorApp:
             await self._error(send, 404, f"The model `{name}` does not exist.", "invalid_request_error",
                               "model_not_found", tenant=tenant)
             return
-        text = prompt_text(path, body)
-        ask = ask_for(credential, model, body, len(text), asyncio.get_running_loop().time())
+        if path in GENERATION_PATHS:
+            try:
+                gen = read_generation(path, body)
+            except BodyShapeError as err:
+                await self._error(send, 400, str(err), "invalid_request_error", "invalid_request_body",
+                                  model=model.name, tenant=tenant, param=err.param)
+                return
+            if gen.sequences > model.engine_settings.max_num_seqs:
+                await self._error(send, 400, f"{gen.sequences} sequences (n x prompts) exceed what {model.name} runs "
+                                  f"at once ({model.engine_settings.max_num_seqs}, max_num_seqs)",
+                                  "invalid_request_error", "too_many_sequences", model=model.name, tenant=tenant,
+                                  param="n")
+                return
+        text = prompt_text(path, body)  # for prefix hashing; after the shape check, which it relies on
+        if path not in GENERATION_PATHS:
+            gen = Generation(prompts=1, sequences=1, prompt_tokens=len(text) // CHARS_PER_TOKEN, max_tokens=0)
+        ask = ask_for(credential, model, gen, asyncio.get_running_loop().time())
         refused = self.guard.charge(credential, ask.prompt_tokens, ask.max_tokens, ask.sequences)
         if refused is not None:
             await self._refuse(send, refused, model.name, tenant)

@@ -19,11 +19,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Any
 
 from hbmserve.core.config import ModelSpec
-from hbmserve.core.routing import CHARS_PER_TOKEN
 from hbmserve.ingress.front_door_access import Credential, Refusal
+from hbmserve.ingress.request_body import Generation
 from hbmserve.ingress.replica_table import ReplicaTable
 from hbmserve.routing.replica_cap import Reject
 from hbmserve.routing.queue import Ask, ModelCapacity, Enqueue, Waiting, admit, expired, next_to_run
@@ -34,23 +33,22 @@ QUEUE_BATCHES = 3
 # After the policy promotes a hot standby (its upscale delay), the front doors route to it at
 # their next discovery (0.5 s).
 DISCOVERY_S = 0.5
-# Output tokens assumed when a request names no max_tokens (OpenAI's default is "until the
-# context ends", which would make every request look as big as the whole context).
+# Output tokens assumed when a chat request names no max_tokens (OpenAI's default is "until the
+# context ends", which would make every request look as big as the whole context). Charging it
+# to the context's end needs the reconciliation with the engine's usage (issue 21, req 4).
 DEFAULT_MAX_TOKENS = 256
 _PACE_WINDOW_S = 30.0
 _MIN_PACE_SAMPLES = 3
 
 
-def ask_for(credential: Credential, model: ModelSpec, body: dict[str, Any], prompt_chars: int, now: float) -> Ask:
-    n = body.get("n")
-    n = n if isinstance(n, int) and 1 <= n <= 128 else 1
-    asked = body.get("max_completion_tokens") or body.get("max_tokens")
-    max_tokens = asked if isinstance(asked, int) and asked > 0 else DEFAULT_MAX_TOKENS
+def ask_for(credential: Credential, model: ModelSpec, gen: Generation, now: float) -> Ask:
+    """The admission ask of a request the engine will run as `gen` (ingress/request_body.py)."""
     limit = model.engine_settings.max_model_len
     tenant = credential.tenant
-    return Ask(tenant=tenant.name if tenant else "-", priority=tenant.priority if tenant else 0, sequences=n,
-               prompt_tokens=min(limit, prompt_chars // CHARS_PER_TOKEN), max_tokens=min(limit, max_tokens),
-               arrived_at=now)
+    max_tokens = DEFAULT_MAX_TOKENS if gen.max_tokens is None else gen.max_tokens
+    return Ask(tenant=tenant.name if tenant else "-", priority=tenant.priority if tenant else 0,
+               sequences=gen.sequences, prompt_tokens=min(limit, gen.prompt_tokens),
+               max_tokens=min(limit, max_tokens), arrived_at=now)
 
 
 class ModelAdmission:

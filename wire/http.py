@@ -41,7 +41,8 @@ def json_response(status: int, payload: dict, headers: list[tuple[bytes, bytes]]
     return start, {"type": "http.response.body", "body": body}
 
 
-def openai_error(status: int, message: str, err_type: str, code: str, headers: list[tuple[bytes, bytes]] = ()):
+def openai_error(status: int, message: str, err_type: str, code: str, headers: list[tuple[bytes, bytes]] = (),
+                 param: str | None = None):
     """An OpenAI-style error reply: {"error": {"message", "type", "param", "code"}}."""
-    return json_response(status, {"error": {"message": message, "type": err_type, "param": None, "code": code}},
+    return json_response(status, {"error": {"message": message, "type": err_type, "param": param, "code": code}},
                          headers)

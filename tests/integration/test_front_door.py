@@ -36,8 +36,10 @@ SIM = {"gpu": "h100-sxm", "model_config_name": "llama-3.1-8b", "speedup": 2.0}
 def _spec(keys_file, admin_file):
     return parse_cluster_spec({
         "name": "hbmserve-frontdoor-test",
+        # Every client of these tests is 127.0.0.1: the per-address socket cap (64) would count
+        # a hundred test clients as one (tests/unit/wire/test_connection_caps.py tests that cap).
         "serve": {"http": {"host": "127.0.0.1", "port": PORT, "header_timeout_s": 2, "body_timeout_s": 2,
-                           "max_body_bytes": 65536},
+                           "max_body_bytes": 65536, "max_connections_per_client": 4096},
                   "auth": {"keys_file": str(keys_file), "admin_token_file": str(admin_file)}},
         "models": [
             {"name": "sim-a", "source": "sim", "engine": "sim", "replicas": 2, "sim": SIM, "max_replicas_per_node": 1,

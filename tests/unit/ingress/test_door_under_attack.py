@@ -83,3 +83,26 @@ def test_silent_sockets_from_one_address_leave_the_door_ready_and_serving(door):
         s.close()
     assert probes == [200] * 15 and answers == [200] * 15
     assert refused == len(held) - PER_CLIENT
+
+
+@pytest.mark.parametrize(("body", "param", "code"), [
+    (b"[" * 400_000 + b"]" * 400_000, None, "invalid_json"),  # a RecursionError was a 500
+    (b'{"model": "sim-a", "messages": [1, 2, 3]}', "messages.0", "invalid_request_body"),
+    (b'{"model": "sim-a", "messages": [{"role": "user", "content": "hi"}], "n": 4.5}', "n", "invalid_request_body"),
+    (b'{"model": "sim-a", "messages": [{"role": "user", "content": "hi"}], "n": 9}', "n", "too_many_sequences"),
+    (b'{"model": "sim-a", "prompt": ["a", "b", "c"], "n": 3}', "n", "too_many_sequences"),  # 9 > max_num_seqs 8
+])
+def test_a_malformed_body_is_an_openai_400_naming_the_field(door, body, param, code):
+    path = "/v1/completions" if b'"prompt"' in body else "/v1/chat/completions"
+    r = httpx.post(f"{door}{path}", content=body, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == code and error["param"] == param
+
+
+def test_numbers_as_strings_are_read_as_the_engine_reads_them(door):
+    r = httpx.post(f"{door}/v1/chat/completions", timeout=30, json={
+        "model": "sim-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": "12000",
+        "max_completion_tokens": "3", "n": "1"})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3  # max_completion_tokens wins, as in vLLM
