@@ -80,18 +80,24 @@ def local_head_running() -> bool:
     return _port_open(f"127.0.0.1:{LOCAL_GCS_PORT}")
 
 
-def loopback_head() -> bool:
-    """Whether the local head runs and listens on loopback alone (its GCS port is closed on the
-    machine's outward address)."""
+def outward_address() -> str | None:
+    """This machine's address toward the network (what another machine reaches), or None."""
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            s.connect(("192.0.2.250", 9))  # sends nothing: picks the machine's outward address
-            outside = s.getsockname()[0]
+            s.connect(("192.0.2.250", 9))  # sends nothing: picks the route's source address
+            address = s.getsockname()[0]
         except OSError:
-            return local_head_running()
-    return local_head_running() and not _port_open(f"{outside}:{LOCAL_GCS_PORT}")
+            return None
+    return None if address.startswith("127.") else address
+
+
+def loopback_head() -> bool:
+    """Whether the local head runs and listens on loopback alone (its GCS port is closed on the
+    machine's outward address)."""
+    outside = outward_address()
+    return local_head_running() and (outside is None or not _port_open(f"{outside}:{LOCAL_GCS_PORT}"))
 
 
 def local_head_env() -> dict[str, str]:

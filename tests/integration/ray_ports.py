@@ -6,7 +6,6 @@ API. A port "accepts" when the call is served or fails for a reason other than a
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 from dataclasses import dataclass
 
@@ -37,17 +36,6 @@ def listeners() -> set[Listener]:
         proc = re.search(r'\(\("([^"]+)"', line)
         found.add(Listener(line.split()[3], proc.group(1) if proc else "?"))
     return found
-
-
-def outside_address() -> str | None:
-    """This machine's first non-loopback IPv4 address, as another machine would reach it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.250", 9))  # no packet is sent: this only picks the route's source
-            address = s.getsockname()[0]
-        except OSError:
-            return None
-    return None if address.startswith("127.") else address
 
 
 # A real method of each gRPC service a Ray node or a Serve replica serves: a server that checks

@@ -19,7 +19,8 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.ray_ports import accepts_unauthenticated, listeners, outside_address
+from hbmserve.cluster.ray_cluster import outward_address
+from tests.integration.ray_ports import accepts_unauthenticated, listeners
 
 pytestmark = pytest.mark.integration
 MODEL = "llama-70b-sim"
@@ -156,7 +157,7 @@ def test_job_submit_deploys_config_from_working_dir(sim_served, tmp_path, venv_b
 def test_no_port_the_default_up_opened_takes_an_unauthenticated_ray_call(sim_served):
     """Every listener `up` added, probed from this machine's outside address as a stranger on the
     network would: a token-less gRPC call and a token-less dashboard request."""
-    outside = outside_address()
+    outside = outward_address()
     if outside is None:
         pytest.skip("this machine has no non-loopback address to probe from")
     added = sorted(listeners() - sim_served["listening_before"], key=lambda x: x.port)
