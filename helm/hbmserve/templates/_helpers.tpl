@@ -43,6 +43,21 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- .Values.auth.existingSecret | default (printf "%s-api-keys" (include "hbmserve.fullname" .)) }}
 {{- end }}
 
+{{/* Which item of the api-keys Secret is mounted as the admin token file: the `sha256:` digest the
+     chart writes, or in a user's Secret the item it has always held (the raw token; the front door
+     takes either form). */}}
+{{- define "hbmserve.adminTokenFileKey" -}}
+{{- .Values.auth.adminTokenFileKey | default (ternary .Values.auth.adminTokenKey "admin_token.sha256" (not (empty .Values.auth.existingSecret))) }}
+{{- end }}
+
+{{- define "hbmserve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- .Values.serviceAccount.name | default (include "hbmserve.fullname" .) }}
+{{- else }}
+{{- required "serviceAccount.create is false: set serviceAccount.name to an existing ServiceAccount (KubeRay binds its autoscaler Role to the head's account)" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
 {{- define "hbmserve.internalSecret" -}}
 {{- .Values.internalToken.existingSecret | default (printf "%s-internal" (include "hbmserve.fullname" .)) }}
 {{- end }}
@@ -81,7 +96,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.auth.enabled }}
 {{- $auth := dict "keys_file" (printf "%s/%s" .Values.auth.mountPath .Values.auth.keysKey) }}
 {{- if .Values.auth.adminToken.enabled }}
-{{- $_ := set $auth "admin_token_file" (printf "%s/%s" .Values.auth.mountPath .Values.auth.adminTokenKey) }}
+{{- $_ := set $auth "admin_token_file" (printf "%s/%s" .Values.auth.mountPath (include "hbmserve.adminTokenFileKey" .)) }}
 {{- end }}
 {{- $_ := set $serve "auth" $auth }}
 {{- end }}
@@ -190,10 +205,23 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
       - key: {{ .Values.internalToken.secretKey }}
         path: {{ .Values.internalToken.secretKey }}
 {{- if .Values.auth.enabled }}
+{{- /* Only the files the front door reads (serve.auth): the keys file and the admin token file, both
+       `sha256:` digests in the chart's Secret. Its raw default key and raw admin token stay in the
+       Secret for `kubectl get secret` and Prometheus, never in a pod. Every Ray pod needs the same two:
+       each runs a front door (one per node) and may run a Serve application build, which checks the
+       keys too (apps/declarative.py). An item path equals its key: the file is the key's name. */}}
 - name: api-keys
   secret:
     secretName: {{ include "hbmserve.apiKeysSecret" . }}
     defaultMode: 0440
+    items:
+      - key: {{ .Values.auth.keysKey }}
+        path: {{ .Values.auth.keysKey }}
+      {{- if .Values.auth.adminToken.enabled }}
+      {{- $adminFile := include "hbmserve.adminTokenFileKey" . }}
+      - key: {{ $adminFile }}
+        path: {{ $adminFile }}
+      {{- end }}
 {{- end }}
 {{- if .Values.topology }}
 - name: topology
@@ -262,20 +290,52 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* Pod-level fields every Ray pod shares. */}}
+{{/* The autoscaler sidecar's credentials for the Kubernetes API: the files Kubernetes mounts when a pod
+     automounts its token, projected here so that autoscalerOptions.volumeMounts hands them to that one
+     container. The Ray head container, which runs Serve replicas and a front door, gets none. Ray's
+     KubeRay node provider reads token and ca.crt from the standard path and re-reads the token every
+     minute, so the kubelet's rotation reaches it. */}}
+{{- define "hbmserve.autoscalerApiVolume" -}}
+- name: autoscaler-api-token
+  projected:
+    defaultMode: 0440
+    sources:
+      - serviceAccountToken:
+          path: token
+          expirationSeconds: 3600
+      - configMap:
+          name: kube-root-ca.crt
+          items:
+            - {key: ca.crt, path: ca.crt}
+      - downwardAPI:
+          items:
+            - path: namespace
+              fieldRef: {apiVersion: v1, fieldPath: metadata.namespace}
+{{- end }}
+
+{{- define "hbmserve.autoscalerApiMountPath" -}}/var/run/secrets/kubernetes.io/serviceaccount{{- end }}
+
+{{/* Pod-level fields every Ray pod shares. Args: (list $ "head") or (list $ "worker"). */}}
 {{- define "hbmserve.podCommon" -}}
+{{- $root := index . 0 }}{{- $role := index . 1 }}
+serviceAccountName: {{ include "hbmserve.serviceAccountName" $root }}
+# Nothing in a Ray container calls the Kubernetes API; only the autoscaler sidecar gets a token.
+automountServiceAccountToken: false
 securityContext:
-  {{- toYaml .Values.podSecurityContext | nindent 2 }}
-{{- with .Values.imagePullSecrets }}
+  {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
+{{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with (include "hbmserve.initContainers" .) }}
+{{- with (include "hbmserve.initContainers" $root) }}
 initContainers:
   {{- . | trim | nindent 2 }}
 {{- end }}
 volumes:
-  {{- include "hbmserve.volumes" . | nindent 2 }}
+  {{- include "hbmserve.volumes" $root | nindent 2 }}
+  {{- if and (eq $role "head") $root.Values.autoscaler.enabled }}
+  {{- include "hbmserve.autoscalerApiVolume" $root | nindent 2 }}
+  {{- end }}
 {{- end }}
 
 {{/* `ray start --resources` takes a JSON object; KubeRay passes the value through a shell, hence the quotes. */}}
