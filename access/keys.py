@@ -7,7 +7,7 @@ The keys file (`serve.auth.keys_file`, typically a mounted Kubernetes Secret) is
         keys: [sk-team-a-0123456789, "sha256:9f86d0...(64 hex digits)"]
         priority: 1                   # larger is more important; default 0
         requests_per_minute: 600      # omitted = unlimited
-        tokens_per_minute: 200000     # prompt tokens + max_tokens * n, estimated at admission
+        tokens_per_minute: 200000     # charged at most at admission, settled by the engine's usage
 
 A key is held only as its SHA-256 digest, and `sha256:<hex>` lets the file hold the digest
 alone. Digests, not keys, are compared, each with `hmac.compare_digest`, and against every

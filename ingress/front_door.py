@@ -11,7 +11,8 @@ Three loops keep its picture fresh: discovery (replica endpoints and the autosca
 lists, every DISCOVER_S), load polling (every replica_table.POLL_S, which also releases queued
 requests when capacity appears), and held counts for scale from zero (every RENEW_S while
 requests are held, read by the autoscaling policy). A fourth samples the ops dashboard
-(dashboard_feed.py) every dashboard.SAMPLE_S.
+(dashboard_feed.py) every dashboard.SAMPLE_S, and with auth on a fifth reloads the key files
+when they change (KeyFiles.RELOAD_S).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from hbmserve.ingress.door_metrics import door_families, local_replicas, node_me
 from hbmserve.capacity.replica_price import replica_usd_per_hour
 from hbmserve.ingress.dashboard import SAMPLE_S
 from hbmserve.ingress.dashboard_feed import DashboardFeed
-from hbmserve.ingress.front_door_access import AccessGuard, load_key_ring
+from hbmserve.ingress.front_door_access import AccessGuard, KeyFiles, reload_keys
 from hbmserve.ingress.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.ingress.front_door_queue import ModelAdmission
 from hbmserve.ingress.gpu_metrics import GpuCollector
@@ -48,7 +49,9 @@ class FrontDoor:
 
         self.spec = ClusterSpec.model_validate_json(spec_json)
         http = self.spec.serve.http
-        self.guard = AccessGuard(load_key_ring(self.spec.serve.auth))  # raises: fail closed
+        auth = self.spec.serve.auth
+        self.keys = KeyFiles(auth) if auth is not None else None
+        self.guard = AccessGuard(self.keys.ring() if self.keys else None)  # raises: fail closed
         names = [m.name for m in self.spec.models]
         self.table = ReplicaTable(names, {m.name for m in self.spec.models if m.autoscaling is not None})
         self.admission = {m.name: ModelAdmission(m, self.table) for m in self.spec.models}
@@ -80,6 +83,8 @@ class FrontDoor:
                        loop.create_task(self._every(POLL_S, self._poll)),
                        loop.create_task(self._every(RENEW_S / 2, self._renew)),
                        loop.create_task(self._every(SAMPLE_S, self.dashboard.refresh))]
+        if self.keys is not None:
+            self._tasks.append(loop.create_task(self._every(KeyFiles.RELOAD_S, self._reload_keys)))
         log.info("front door on %s (this one alone: %s), auth %s, %d model(s)", self.url, self.own_url,
                  "enforced" if self.guard.enforced else "off", len(names))
 
@@ -100,6 +105,9 @@ class FrontDoor:
         endpoints, decisions, doors = await asyncio.to_thread(read)
         self.table.update(endpoints, decisions)
         self.table.doors = max(1, len(doors))
+
+    async def _reload_keys(self) -> None:
+        await reload_keys(self.keys, self.guard)
 
     async def _poll(self) -> None:
         await self.table.poll(self.session, self.app.token)

@@ -9,14 +9,19 @@ never a key.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from hbmserve.access.authorize import Denied, authorize
 from hbmserve.access.keys import KeyRing, KeysFileError, Tenant, parse_admin_token, parse_keys_file
-from hbmserve.access.limits import Allowed, Limited, TenantLimits, estimated_tokens
+from hbmserve.access.limits import Allowed, Limited, TenantLimits
 from hbmserve.core.config import AuthSpec
+
+
+log = logging.getLogger("hbmserve.frontdoor")
 
 
 class AccessConfigError(RuntimeError):
@@ -47,18 +52,49 @@ def _read(field: str, path: str) -> str:
                                 "door refuses to start without its keys") from None
 
 
-def load_key_ring(auth: AuthSpec | None) -> KeyRing | None:
-    """The configured key ring, or None when the config has no `serve.auth` (auth off)."""
-    if auth is None:
-        return None
+def _ring(auth: AuthSpec, keys_text: str, token_text: str | None) -> KeyRing:
     try:
-        ring = parse_keys_file(_read("keys_file", auth.keys_file), auth.keys_file)
-        if auth.admin_token_file is not None:
-            token = parse_admin_token(_read("admin_token_file", auth.admin_token_file), auth.admin_token_file)
-            ring = KeyRing(tenants=ring.tenants, keys=ring.keys, admin_digest=token)
+        ring = parse_keys_file(keys_text, auth.keys_file)
+        if token_text is not None:
+            ring = KeyRing(tenants=ring.tenants, keys=ring.keys,
+                           admin_digest=parse_admin_token(token_text, auth.admin_token_file))
     except KeysFileError as err:
         raise AccessConfigError(f"serve.auth: {err}") from None
     return ring
+
+
+def _texts(auth: AuthSpec) -> tuple[str, str | None]:
+    token = _read("admin_token_file", auth.admin_token_file) if auth.admin_token_file is not None else None
+    return _read("keys_file", auth.keys_file), token
+
+
+def load_key_ring(auth: AuthSpec | None) -> KeyRing | None:
+    """The configured key ring, or None when the config has no `serve.auth` (auth off)."""
+    return None if auth is None else _ring(auth, *_texts(auth))
+
+
+class KeyFiles:
+    """serve.auth's files, re-read by the front door every RELOAD_S: a Kubernetes Secret update
+    (or an edited file) takes effect without a restart, so a revoked key is refused within
+    seconds. A file that changed into something unusable is reported once (AccessConfigError)
+    and the ring in use stays: a typo in a Secret must not open the door or lock every tenant out."""
+
+    RELOAD_S = 2.0
+
+    def __init__(self, auth: AuthSpec):
+        self.auth = auth
+        self._seen = _texts(auth)
+
+    def ring(self) -> KeyRing:
+        return _ring(self.auth, *self._seen)
+
+    def changed(self) -> KeyRing | None:
+        """The new ring when a file's contents changed since the last call, else None."""
+        texts = _texts(self.auth)
+        if texts == self._seen:
+            return None
+        self._seen = texts
+        return _ring(self.auth, *texts)
 
 
 class AccessGuard:
@@ -71,6 +107,12 @@ class AccessGuard:
     def enforced(self) -> bool:
         return self.ring is not None
 
+    def use(self, ring: KeyRing) -> None:
+        """Serve with a reloaded ring: a tenant keeps its buckets, under its new limits."""
+        tenants = {t.name: t for t in ring.tenants}
+        self._limits = {name: limits.under(tenants[name]) for name, limits in self._limits.items() if name in tenants}
+        self.ring = ring
+
     def check(self, path: str, headers: list[tuple[bytes, bytes]]) -> Credential | Refusal:
         authorization = next((v for k, v in headers if k == b"authorization"), None)
         decision = authorize(self.ring, path, authorization)
@@ -78,18 +120,36 @@ class AccessGuard:
             return Refusal(decision.status, decision.reason, decision.err_type, decision.code)
         return Credential(decision.tenant)
 
-    def charge(self, credential: Credential, prompt_tokens: int, max_tokens: int, n: int) -> Refusal | None:
-        """Draw one request and its estimated tokens from the tenant's buckets, or refuse: 429 with
-        Retry-After when the tenant is over its rate, 400 when the request alone exceeds a
-        minute's allowance (no wait would help)."""
+    def charge(self, credential: Credential, tokens: int, doors: int = 1) -> Refusal | None:
+        """Draw one request and the most `tokens` it may use from the tenant's buckets (this door's
+        share of `doors`), or refuse: 429 with Retry-After when the tenant is over its rate, 400
+        when the request alone exceeds a minute's allowance (no wait would help)."""
         tenant = credential.tenant
         if tenant is None or (tenant.requests_per_minute is None and tenant.tokens_per_minute is None):
             return None
         limits = self._limits.get(tenant.name) or TenantLimits.of(tenant)
-        decision, self._limits[tenant.name] = limits.take(estimated_tokens(prompt_tokens, max_tokens, n),
-                                                          self._clock())
+        decision, self._limits[tenant.name] = limits.take(tokens, self._clock(), max(1, doors))
         if isinstance(decision, Allowed):
             return None
         if isinstance(decision, Limited):
             return Refusal(429, decision.reason, "rate_limit_error", "rate_limit_exceeded", decision.retry_after_s)
         return Refusal(400, decision.reason, "invalid_request_error", "request_too_large")
+
+    def settle(self, credential: Credential, charged: int, used: int, doors: int = 1) -> None:
+        """Give back what an admitted request was charged beyond what it `used` (or take the overrun)."""
+        tenant = credential.tenant
+        if tenant is None or charged == used or tenant.name not in self._limits:
+            return
+        self._limits[tenant.name] = self._limits[tenant.name].settle(charged, used, self._clock(), max(1, doors))
+
+
+async def reload_keys(keys: KeyFiles, guard: AccessGuard) -> None:
+    """One step of the front door's reload loop (every KeyFiles.RELOAD_S)."""
+    try:
+        ring = await asyncio.to_thread(keys.changed)
+    except AccessConfigError as err:
+        log.error("%s; still serving with the keys loaded before", err)
+        return
+    if ring is not None:
+        guard.use(ring)
+        log.info("serve.auth reloaded: %r", ring)

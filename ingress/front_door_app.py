@@ -3,11 +3,13 @@
     credential = guard.check(path, headers)             # every path but /health needs a key
     body = read_body(...)                               # size limit 413, time limit 408
     model = spec.model(body["model"])                   # unknown: 404
-    guard.charge(tenant, cost)                          # tenant rate limits: 429
+    gen = read_generation(path, body)                   # what the engine runs, as vLLM reads it: 400
+    guard.charge(tenant, gen.most_tokens(...), doors)   # tenant rate limits, split over doors: 429
     ticket = await admission[model].enter(ask)          # queue or refuse: 429 / 503
     for replica in choose(table.loads(model), route):   # the shared router, at most 2 tries
-        relay(...)                                      # retried only before the first byte
+        relay(..., tap)                                 # retried only before the first byte
     admission[model].leave(ticket)
+    guard.settle(tenant, charged, tap.spent(...))       # the engine's usage settles the bucket
 
 Every refusal and proxy failure is an OpenAI-style JSON error; none is a plain-text 500.
 """
@@ -18,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -31,7 +33,9 @@ from hbmserve.ingress.door_metrics import Refusals
 from hbmserve.ingress.front_door_openapi import openapi_document
 from hbmserve.ingress.front_door_queue import ModelAdmission, ask_for
 from hbmserve.ingress.relay import FirstByteTimeout, NotStarted, relay, upstream_headers
-from hbmserve.ingress.request_body import BodyShapeError, Generation, read_generation
+from hbmserve.ingress.request_body import EMBEDDINGS, BodyShapeError, Generation, read_generation
+from hbmserve.ingress.usage_tap import UsageTap, with_usage_asked
+from hbmserve.routing.queue import Ask
 from hbmserve.wire.http import json_response, openai_error
 from hbmserve.ingress.replica_table import ReplicaTable
 from hbmserve.routing.routers import ROUTERS
@@ -39,9 +43,10 @@ from hbmserve.routing.prefix import chat_prompt_text, prompt_block_hashes
 
 log = logging.getLogger("hbmserve.frontdoor")
 
-# Paths relayed to a replica, chosen by the body's `model`; the first three use engine capacity.
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations"})
-MODEL_PATHS = GENERATION_PATHS | {"/v1/embeddings", "/tokenize", "/detokenize"}
+# Paths relayed to a replica, chosen by the body's `model`; those that run the model go through
+# admission (the replica's cap too: replica_middleware.ADMITTED_PATHS).
+RUN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations", EMBEDDINGS})
+MODEL_PATHS = RUN_PATHS | {"/tokenize", "/detokenize"}
 ATTEMPTS = 2  # the first replica, and one retry elsewhere when the first failed before any byte
 
 
@@ -102,9 +107,10 @@ async def _send_error(send, status: int, message: str, err_type: str, code: str,
         await send(msg)
 
 
-async def _while_connected(receive, work) -> None:
-    """Run `work` (the relay) unless the client goes away first: then cancel it, which closes the
-    upstream connection, and the engine aborts the request instead of generating for nobody."""
+async def _while_connected(receive, work):
+    """`work`'s result (a queue's ticket, a relay), unless the client goes away first: then it is
+    cancelled (None), which gives back a queued place at once, and closes a relay's upstream
+    connection so that the engine aborts the request instead of generating for nobody."""
     async def disconnected() -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
@@ -117,7 +123,8 @@ async def _while_connected(receive, work) -> None:
         if not task.done():
             task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
-        await task
+        return await task
+    return None
 
 
 class FrontDoorApp:
@@ -234,48 +241,65 @@ class FrontDoorApp:
             await self._error(send, 404, f"The model `{name}` does not exist.", "invalid_request_error",
                               "model_not_found", tenant=tenant)
             return
-        if path in GENERATION_PATHS:
+        if path in RUN_PATHS:
             try:
                 gen = read_generation(path, body)
             except BodyShapeError as err:
                 await self._error(send, 400, str(err), "invalid_request_error", "invalid_request_body",
                                   model=model.name, tenant=tenant, param=err.param)
                 return
-            if gen.sequences > model.engine_settings.max_num_seqs:
+            if path != EMBEDDINGS and gen.sequences > model.engine_settings.max_num_seqs:
                 await self._error(send, 400, f"{gen.sequences} sequences (n x prompts) exceed what {model.name} runs "
                                   f"at once ({model.engine_settings.max_num_seqs}, max_num_seqs)",
                                   "invalid_request_error", "too_many_sequences", model=model.name, tenant=tenant,
                                   param="n")
                 return
+        else:  # /tokenize, /detokenize: the engine's tokenizer, not the model
+            tokens = len(prompt_text(path, body)) // CHARS_PER_TOKEN
+            gen = Generation(prompts=1, sequences=1, prompt_tokens=tokens, max_tokens=0, all_prompt_tokens=tokens)
         text = prompt_text(path, body)  # for prefix hashing; after the shape check, which it relies on
-        if path not in GENERATION_PATHS:
-            gen = Generation(prompts=1, sequences=1, prompt_tokens=len(text) // CHARS_PER_TOKEN, max_tokens=0)
-        ask = ask_for(credential, model, gen, asyncio.get_running_loop().time())
-        refused = self.guard.charge(credential, ask.prompt_tokens, ask.max_tokens, ask.sequences)
+        charged = gen.most_tokens(model.engine_settings.max_model_len)
+        refused = self.guard.charge(credential, charged, self.table.doors)
         if refused is not None:
+            if refused.code == "request_too_large" and gen.max_tokens is None:
+                refused = replace(refused, message=f"{refused.message} Without max_tokens a reply may run to the end "
+                                  f"of the context ({model.engine_settings.max_model_len} tokens): set max_tokens.")
             await self._refuse(send, refused, model.name, tenant)
             return
-        if path not in GENERATION_PATHS:
-            await _while_connected(receive, self._route_and_relay(scope, send, model.name, raw,
-                                                                  RouteRequest(ask.prompt_tokens, 0), tenant))
+        tap = UsageTap(strip=gen.stream and not gen.stream_usage)
+        try:
+            await self._admit_and_relay(scope, receive, send, model.name, with_usage_asked(raw, body, gen),
+                                        ask_for(credential, model, gen, asyncio.get_running_loop().time()),
+                                        text, tenant, tap)
+        finally:  # the bucket keeps what the engine spent, not the most the request might have
+            self.guard.settle(credential, charged, tap.spent(charged, gen.all_prompt_tokens), self.table.doors)
+
+    async def _admit_and_relay(self, scope, receive, send, model: str, raw: bytes, ask: Ask, text: str,
+                               tenant: str | None, tap: UsageTap) -> None:
+        if scope["path"] not in RUN_PATHS:
+            await _while_connected(receive, self._route_and_relay(scope, send, model, raw,
+                                                                  RouteRequest(ask.prompt_tokens, 0), tenant, tap))
             return
-        gate = self.admission[model.name]
+        gate = self.admission[model]
         if self.dashboard is not None:  # times what the client gets, for the ops dashboard
-            send = self.dashboard.watch(model.name, send, ask.arrived_at, len(raw))
-        ticket = await gate.enter(ask)
+            send = self.dashboard.watch(model, send, ask.arrived_at, len(raw))
+        # A client that leaves while queued gives its place back at once (enter's cancellation).
+        ticket = await _while_connected(receive, gate.enter(ask))
+        if ticket is None:
+            return
         if isinstance(ticket, Refusal):
-            await self._refuse(send, ticket, model.name, tenant)
+            await self._refuse(send, ticket, model, tenant)
             return
         try:
             self._requests += 1  # the salt of choose's power-of-two draw: spreads ties, reproducibly
             route = RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=prompt_block_hashes(text),
                                  salt=self._requests)
-            await _while_connected(receive, self._route_and_relay(scope, send, model.name, raw, route, tenant))
+            await _while_connected(receive, self._route_and_relay(scope, send, model, raw, route, tenant, tap))
         finally:
             gate.leave(ticket)
 
     async def _route_and_relay(self, scope, send, model: str, raw: bytes, route: RouteRequest,
-                               tenant: str | None) -> None:
+                               tenant: str | None, tap: UsageTap) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         query = scope.get("query_string", b"").decode("latin-1")
@@ -291,9 +315,10 @@ class FrontDoorApp:
             tried.append(replica.endpoint.replica)
             replica.sent_since_poll += 1
             replica.remember(route.prefix_hashes)
+            tap.forwarded = True
             try:
                 await relay(self.session_of(), replica.endpoint.url + suffix, scope["method"], headers, raw, send,
-                            self.limits.first_byte_timeout_s, started, replica.endpoint.replica)
+                            self.limits.first_byte_timeout_s, started, replica.endpoint.replica, tap)
                 return
             except NotStarted as err:
                 failure = f"replica {replica.endpoint.replica} failed before answering ({err})"

@@ -33,9 +33,10 @@ QUEUE_BATCHES = 3
 # After the policy promotes a hot standby (its upscale delay), the front doors route to it at
 # their next discovery (0.5 s).
 DISCOVERY_S = 0.5
-# Output tokens assumed when a chat request names no max_tokens (OpenAI's default is "until the
-# context ends", which would make every request look as big as the whole context). Charging it
-# to the context's end needs the reconciliation with the engine's usage (issue 21, req 4).
+# Output tokens admission assumes when a chat request names no max_tokens (OpenAI's default is
+# "until the context ends", which would make every request look as big as the whole context to
+# the KV bound and the router). The tenant is charged to the context's end all the same, and
+# settled with the engine's usage (front_door_app.py).
 DEFAULT_MAX_TOKENS = 256
 _PACE_WINDOW_S = 30.0
 _MIN_PACE_SAMPLES = 3
@@ -46,8 +47,10 @@ def ask_for(credential: Credential, model: ModelSpec, gen: Generation, now: floa
     limit = model.engine_settings.max_model_len
     tenant = credential.tenant
     max_tokens = DEFAULT_MAX_TOKENS if gen.max_tokens is None else gen.max_tokens
+    # An embedding batch larger than a batch is run a batch at a time: it holds at most one.
     return Ask(tenant=tenant.name if tenant else "-", priority=tenant.priority if tenant else 0,
-               sequences=gen.sequences, prompt_tokens=min(limit, gen.prompt_tokens),
+               sequences=min(gen.sequences, model.engine_settings.max_num_seqs),
+               prompt_tokens=min(limit, gen.prompt_tokens),
                max_tokens=min(limit, max_tokens), arrived_at=now)
 
 

@@ -14,6 +14,7 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+from hbmserve.ingress.usage_tap import UsageTap
 from hbmserve.wire.http import INTERNAL_TOKEN_HEADER
 
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"host", b"upgrade", b"te",
@@ -52,9 +53,11 @@ REPLICA_HEADER = b"x-hbmserve-replica"
 
 
 async def relay(session, url: str, method: str, headers: dict[str, str], body: bytes, send,
-                first_byte_timeout_s: float, started_at: float, replica: str = "") -> Relayed:
+                first_byte_timeout_s: float, started_at: float, replica: str = "",
+                tap: UsageTap | None = None) -> Relayed:
     """Send the request to `url` and stream the reply to the ASGI `send`; the reply names the
-    replica that served it (`x-hbmserve-replica`), for the client's and the operator's logs."""
+    replica that served it (`x-hbmserve-replica`), for the client's and the operator's logs.
+    `tap` reads the engine's usage on the way (usage_tap.py)."""
     import aiohttp
 
     loop = asyncio.get_running_loop()
@@ -82,18 +85,20 @@ async def relay(session, url: str, method: str, headers: dict[str, str], body: b
                        if k.lower() not in _RESPONSE_DROP and not (is_sse and k.lower() == "content-length")]
         if replica:
             out_headers.append((REPLICA_HEADER, replica.encode()))
+        tap = tap or UsageTap(strip=False)
+        tap.begin(resp.status, is_sse)
         await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
         if first:
-            await send({"type": "http.response.body", "body": first, "more_body": True})
+            await send({"type": "http.response.body", "body": tap.feed(first), "more_body": True})
         try:
             async for chunk in chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": tap.feed(chunk), "more_body": True})
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as err:
             tail = sse_error_event(f"the replica serving this request failed mid-stream ({type(err).__name__}); "
                                    "the reply is incomplete") if is_sse else b""
-            await send({"type": "http.response.body", "body": tail})
+            await send({"type": "http.response.body", "body": tap.finish() + tail})
             return Relayed(resp.status, first_at, completed=False)
-        await send({"type": "http.response.body", "body": b""})
+        await send({"type": "http.response.body", "body": tap.finish()})
         return Relayed(resp.status, first_at, completed=True)
     finally:
         resp.release() if resp.content.at_eof() else resp.close()

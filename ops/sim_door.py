@@ -21,7 +21,7 @@ import secrets
 from hbmserve.core.config import ClusterSpec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.records import ReplicaEndpoint
-from hbmserve.ingress.front_door_access import AccessGuard, load_key_ring
+from hbmserve.ingress.front_door_access import AccessGuard, KeyFiles, reload_keys
 from hbmserve.ingress.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.ingress.front_door_queue import ModelAdmission
 from hbmserve.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
@@ -47,7 +47,9 @@ class SimDoor:
         import aiohttp
 
         http = self.spec.serve.http
-        guard = AccessGuard(load_key_ring(self.spec.serve.auth))
+        auth = self.spec.serve.auth
+        keys = KeyFiles(auth) if auth is not None else None
+        guard = AccessGuard(keys.ring() if keys else None)
         self.replicas: list[SimHttpServer] = []
         endpoints = []
         for m in self.spec.models:
@@ -69,7 +71,10 @@ class SimDoor:
         self.server = HardenedServer(self.app, HttpLimits.of(http),
                                      on_refused=lambda code: self.app.refusals.note(None, code, None))
         await self.server.start([sock])
-        self.poller = asyncio.get_running_loop().create_task(self._poll())
+        loop = asyncio.get_running_loop()
+        self.loops = [loop.create_task(self._poll())]
+        if keys is not None:
+            self.loops.append(loop.create_task(self._reload(keys, guard)))
         return self
 
     async def _poll(self) -> None:
@@ -80,10 +85,18 @@ class SimDoor:
             for gate in self.admission.values():
                 gate.pump()
 
+    @staticmethod
+    async def _reload(keys: KeyFiles, guard: AccessGuard) -> None:
+        while True:  # as the front door: a changed keys file takes effect without a restart
+            await asyncio.sleep(KeyFiles.RELOAD_S)
+            await reload_keys(keys, guard)
+
     async def __aexit__(self, *exc: object) -> None:
-        self.poller.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.poller
+        for task in self.loops:
+            task.cancel()
+        for task in self.loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self.server.stop()
         await self.session.close()
         for r in self.replicas:

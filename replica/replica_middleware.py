@@ -35,8 +35,9 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# Only generation endpoints consume engine capacity; /v1/models and /health are always served.
-_ADMITTED_PATHS = ("/v1/chat/completions", "/v1/completions")
+# The paths that run the model (the front door admits the same, front_door_app.RUN_PATHS); the
+# rest (/v1/models, /tokenize, /health) are always served.
+ADMITTED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations", "/v1/embeddings"})
 _WINDOW_S = 30.0
 # Fewer body chunks than this is a whole (non-streamed) reply or too short to time decoding.
 _MIN_TPOT_CHUNKS = 4
@@ -134,7 +135,7 @@ class ReplicaMiddleware:
                                     (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})
             return
-        if scope["path"] not in _ADMITTED_PATHS:
+        if scope["path"] not in ADMITTED_PATHS:
             await self.app(scope, receive, send)
             return
         c = self.counters

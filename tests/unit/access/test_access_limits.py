@@ -7,7 +7,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from hbmserve.access.keys import Tenant
-from hbmserve.access.limits import (Allowed, Bucket, Limited, TenantLimits, TooLarge, estimated_tokens, level,
+from hbmserve.access.limits import (Allowed, Bucket, Limited, TenantLimits, TooLarge, level,
                                     take)
 
 
@@ -33,11 +33,6 @@ def test_unlimited_and_too_large():
     assert isinstance(d, Allowed) and b is None
     d, b = take(Bucket(60.0, 0.0), 60, 61, now=0.0)
     assert isinstance(d, TooLarge) and "can never be admitted" in d.reason and b == Bucket(60.0, 0.0)
-
-
-def test_estimated_tokens_counts_every_choice():
-    assert estimated_tokens(prompt_tokens=100, max_tokens=50, n=3) == 250
-    assert estimated_tokens(100, 50) == 150
 
 
 def test_a_clock_read_out_of_order_refills_nothing():
@@ -137,3 +132,47 @@ def test_tenant_limits_charge_both_or_neither(rpm, tpm, steps):
             assert d.retry_after_s == max(waits)
             assert isinstance(limits.take(tokens, now + d.retry_after_s)[0], Allowed)
         limits = after
+
+
+@given(st.integers(1, 100_000), st.lists(st.tuples(st.integers(0, 2), st.floats(0, 30, allow_nan=False),
+                                                   st.floats(0, 0.5)), min_size=1, max_size=60))
+def test_three_doors_together_admit_no_more_than_one_tenant_limit(capacity, steps):
+    # Each door holds a third of the limit: over any run, what all three admit stays within one
+    # bucket's bound, capacity + capacity * elapsed / 60 (on main each door admitted a whole limit).
+    doors, now, admitted = [TenantLimits(None, capacity) for _ in range(3)], 0.0, 0.0
+    for door, dt, frac in steps:
+        now += dt
+        cost = frac * capacity
+        decision, doors[door] = doors[door].take(cost, now, doors=3)
+        admitted += cost if isinstance(decision, Allowed) else 0
+    assert admitted <= capacity + capacity * now / 60 + 1e-6 * capacity
+
+
+def test_a_request_larger_than_one_doors_share_says_so():
+    limits = TenantLimits(None, 20_000)
+    d, _ = limits.take(12_000, now=0.0, doors=3)
+    assert isinstance(d, TooLarge) and "3 front doors" in d.reason and "6666" in d.reason
+    d, _ = limits.take(12_000, now=0.0, doors=1)
+    assert isinstance(d, Allowed)
+
+
+def test_settling_gives_back_the_unused_charge_and_owes_an_overrun():
+    limits = TenantLimits(None, 600)  # 10 tokens a second
+    _, limits = limits.take(500, now=0.0)
+    assert level(limits.tokens, 600, 0.0) == 100
+    limits = limits.settle(charged=500, used=50, now=0.0)  # the engine ran 50 of them
+    assert level(limits.tokens, 600, 0.0) == 550
+    limits = limits.settle(charged=0, used=1000, now=0.0)  # an estimate 1,000 short: owed
+    assert level(limits.tokens, 600, 0.0) == -450
+    d, _ = limits.take(10, now=0.0)
+    assert isinstance(d, Limited) and d.retry_after_s == 46  # 460 tokens at 10 a second
+    limits = limits.settle(charged=0, used=10**9, now=0.0)
+    assert level(limits.tokens, 600, 0.0) == -600  # a debt never passes one minute's worth
+    assert level(TenantLimits(None, 600).settle(100, 0, now=5.0).tokens, 600, 5.0) == 600  # never above full
+
+
+def test_reloaded_limits_keep_the_buckets():
+    limits = TenantLimits.of(Tenant("t", 0, requests_per_minute=None, tokens_per_minute=1000))
+    _, limits = limits.take(900, now=0.0)
+    raised = limits.under(Tenant("t", 0, requests_per_minute=5, tokens_per_minute=5000))
+    assert (raised.requests_per_minute, raised.tokens_per_minute, raised.tokens) == (5, 5000, limits.tokens)

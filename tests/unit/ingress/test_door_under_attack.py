@@ -6,27 +6,20 @@ requests from another address. On the listener before, 63 silent sockets made `/
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
+
+from tests.unit.ingress.sim_door_process import free_port, sim_door
 
 ATTACKER = "127.0.0.2"
 PER_CLIENT = 64  # the shipped default of serve.http.max_connections_per_client
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def door(tmp_path_factory):
     cfg = tmp_path_factory.mktemp("door") / "cluster.yaml"
-    port = _free_port()
+    port = free_port()
     # The shipped caps, and deadlines longer than the test so that only the caps decide.
     cfg.write_text(f"""name: socket-attack
 serve: {{http: {{host: 127.0.0.1, port: {port}, max_in_flight: 16, idle_connection_s: 60, header_timeout_s: 60}}}}
@@ -38,23 +31,8 @@ models:
     sim: {{gpu: h100-sxm, model_config_name: llama-3.1-8b, speedup: 20}}
     engine_settings: {{max_model_len: 2048, max_num_seqs: 8}}
 """)
-    proc = subprocess.Popen([sys.executable, "-m", "hbmserve.ops.sim_door", "--config", str(cfg), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "no start"
-            time.sleep(0.2)
+    with sim_door(cfg, port) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _silent(port: int) -> socket.socket:

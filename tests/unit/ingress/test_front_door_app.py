@@ -233,12 +233,12 @@ def test_a_client_that_goes_away_cancels_its_upstream_request():
         waiter = asyncio.ensure_future(_while_connected(receive, relay_forever()))
         await asyncio.sleep(0.05)
         gone.set()  # the client hangs up mid-stream
-        await asyncio.wait_for(waiter, timeout=5)
+        left = await asyncio.wait_for(waiter, timeout=5)
         finished = await _while_connected(receive, asyncio.sleep(0, result="done"))  # a finished relay is kept
-        return cancelled.is_set(), finished
+        return cancelled.is_set(), left, finished
 
-    cancelled, finished = run(go())
-    assert cancelled and finished is None
+    cancelled, left, finished = run(go())
+    assert cancelled and left is None and finished == "done"
 
 
 def test_deploy_fails_closed_before_anything_starts_when_the_keys_cannot_be_loaded(tmp_path):

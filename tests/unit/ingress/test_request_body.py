@@ -27,6 +27,10 @@ CHAT_BODIES = [
     {"messages": "hello"},
     {"messages": [{"content": "no role"}]},
     {"messages": [{"role": "user", "content": [{"type": "text", "text": "part"}]}]},
+    {"messages": HI, "stream": True, "stream_options": {"include_usage": True}},
+    {"messages": HI, "stream": "true", "stream_options": {"include_usage": "yes"}},
+    {"messages": HI, "stream_options": {"include_usage": True}},  # options without a stream: refused
+    {"messages": HI, "stream": True, "stream_options": {"include_usage": [1]}},
 ]
 COMPLETION_BODIES = [
     {"prompt": "hi", "max_tokens": 5},
@@ -37,7 +41,20 @@ COMPLETION_BODIES = [
     {"prompt": "hi", "max_tokens": None},  # vLLM's default, 16
     {"prompt": "hi", "n": "3"},
     {"prompt": {"text": "hi"}},
+    {"prompt": "hi", "stream": 1, "stream_options": {"include_usage": 0}},
+    {"prompt": "hi", "stream": False, "stream_options": {"include_usage": True}},
+    {"prompt": "hi", "stream": "false", "stream_options": {"include_usage": True}},  # vLLM checks the raw value
 ]
+EMBEDDING_BODIES = [
+    {"input": "hi"},
+    {"input": ["a" * 40, "b", "c"]},
+    {"input": [[1, 2], [3]]},
+    {"input": [1, 2, 3]},
+    {"input": [-1]},
+    {"input": {"text": "hi"}},
+    {},
+]
+EMBEDDINGS = "/v1/embeddings"
 
 
 def _vllm(path: str, body: dict):
@@ -48,15 +65,26 @@ def _vllm(path: str, body: dict):
     from pydantic import ValidationError
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
+    from vllm.exceptions import VLLMValidationError
+
+    def count(prompt) -> int:
+        return 1 if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int) else len(prompt)
+
+    def usage(r) -> bool:
+        return bool(r.stream and r.stream_options and r.stream_options.include_usage)
+
     try:
         if path == CHAT:
             r = protocol.ChatCompletionRequest.model_validate({"model": "m", **body})
             asked = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
-            return asked, r.n if r.n is not None else 1, 1
+            return asked, r.n if r.n is not None else 1, 1, bool(r.stream), usage(r)
+        if path == EMBEDDINGS:
+            r = EmbeddingCompletionRequest.model_validate({"model": "m", **body})
+            return 0, 1, count(r.input), False, False
         r = CompletionRequest.model_validate({"model": "m", **body})
-        prompts = 1 if isinstance(r.prompt, str) or not r.prompt or isinstance(r.prompt[0], int) else len(r.prompt)
-        return r.max_tokens, r.n, prompts
-    except (ValidationError, ValueError):
+        return r.max_tokens, r.n, count(r.prompt), bool(r.stream), usage(r)
+    except (ValidationError, ValueError, VLLMValidationError):
         return None
 
 
@@ -65,10 +93,11 @@ def _door(path: str, body: dict):
         g = read_generation(path, body)
     except BodyShapeError:
         return None
-    return g.max_tokens, g.sequences // g.prompts, g.prompts
+    return g.max_tokens, g.sequences // g.prompts, g.prompts, g.stream, g.stream_usage
 
 
-@pytest.mark.parametrize(("path", "body"), [(CHAT, b) for b in CHAT_BODIES] + [(COMPLETIONS, b) for b in COMPLETION_BODIES])
+@pytest.mark.parametrize(("path", "body"), [(CHAT, b) for b in CHAT_BODIES] + [(COMPLETIONS, b) for b in COMPLETION_BODIES]
+                         + [(EMBEDDINGS, b) for b in EMBEDDING_BODIES])
 def test_the_door_reads_a_body_as_vllm_does(path, body):
     assert _door(path, body) == _vllm(path, body)
 
@@ -76,11 +105,20 @@ def test_the_door_reads_a_body_as_vllm_does(path, body):
 def test_what_is_charged_is_what_runs():
     assert read_generation(CHAT, {"messages": HI, "max_tokens": 12000, "max_completion_tokens": 1}).max_tokens == 1
     ids = read_generation(COMPLETIONS, {"prompt": list(range(30_000)), "max_tokens": 1})
-    assert ids == Generation(prompts=1, sequences=1, prompt_tokens=30_000, max_tokens=1)
+    assert ids == Generation(prompts=1, sequences=1, prompt_tokens=30_000, max_tokens=1, all_prompt_tokens=30_000)
+    assert ids.most_tokens(max_model_len=32_768) == 30_001
     two = read_generation(COMPLETIONS, {"prompt": ["a" * 400, "b"], "n": 2})
     assert (two.prompts, two.sequences, two.prompt_tokens, two.max_tokens) == (2, 4, 100, COMPLETION_DEFAULT_MAX_TOKENS)
+    assert two.most_tokens(4096) == 100 + 0 + 4 * COMPLETION_DEFAULT_MAX_TOKENS  # every prompt, every sequence
     long_chat = read_generation(CHAT, {"messages": [{"role": "user", "content": "x" * 120_000}]})
     assert long_chat.prompt_tokens == 30_001 and long_chat.max_tokens is None  # the whole text; to the end
+    # Without max_tokens, chat runs to the end of the context: that is what is charged.
+    short = read_generation(CHAT, {"messages": HI, "n": 2})
+    assert short.most_tokens(max_model_len=2048) == 1 + 2 * (2048 - 1)
+    batch = read_generation(EMBEDDINGS, {"input": ["a" * 40, "b" * 8]})
+    assert (batch.sequences, batch.all_prompt_tokens, batch.most_tokens(2048)) == (2, 12, 12)
+    streamed = read_generation(COMPLETIONS, {"prompt": "hi", "stream": True})
+    assert streamed.stream and not streamed.stream_usage
 
 
 @pytest.mark.parametrize(("body", "param"), [({"messages": [1, 2, 3]}, "messages.0"),
