@@ -2,7 +2,8 @@
 worker raylets on this machine), real Serve, simulated engines, keys from files.
 
 One deployment serves the whole module, in this order: one endpoint on every node; each node's
-front door reaching replicas on the other nodes; the auth matrix; slow clients; overload; a
+front door reaching replicas on the other nodes; the auth matrix; slow clients; overload; fuzzing;
+one tenant's limit across the three doors; a key rotated without a restart; a
 replica killed mid-stream and before its first byte; a worker node removed. Every test counts
 what it sent, what was accepted and refused, and checks that nothing accepted was lost.
 """
@@ -28,6 +29,8 @@ PORT = 18400
 KEY_A, KEY_B, ADMIN = "tenant-a-key-0123456789", "tenant-b-key-0123456789", "admin-token-0123456789"
 A, B = {"authorization": f"Bearer {KEY_A}"}, {"authorization": f"Bearer {KEY_B}"}
 ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
+KEY_C, KEY_D = "tenant-c-key-0123456789", "tenant-d-key-0123456789"
+C_TOKENS_PER_MINUTE = 3000  # team-c's limit: for the whole cluster, whichever doors its clients reach
 # 2x real time: a token every ~3.5 ms, so a long stream lasts seconds (long enough to kill its
 # replica mid-way) while a short request takes ~0.1 s.
 SIM = {"gpu": "h100-sxm", "model_config_name": "llama-3.1-8b", "speedup": 2.0}
@@ -49,6 +52,12 @@ def _spec(keys_file, admin_file):
         ]})
 
 
+def _keys_text(team_c_key: str) -> str:
+    return (f"tenants:\n  - {{name: team-a, keys: ['{KEY_A}'], priority: 1}}\n"
+            f"  - {{name: team-b, keys: ['{KEY_B}'], requests_per_minute: 600}}\n"
+            f"  - {{name: team-c, keys: ['{team_c_key}'], tokens_per_minute: {C_TOKENS_PER_MINUTE}}}\n")
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     from ray import serve
@@ -56,8 +65,7 @@ def cluster(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("frontdoor-auth")
     keys, admin = d / "keys.yaml", d / "admin-token"
-    keys.write_text(f"tenants:\n  - {{name: team-a, keys: ['{KEY_A}'], priority: 1}}\n"
-                    f"  - {{name: team-b, keys: ['{KEY_B}'], requests_per_minute: 600}}\n")
+    keys.write_text(_keys_text(KEY_C))
     admin.write_text(ADMIN + "\n")
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
@@ -276,6 +284,55 @@ def test_fuzzing_the_openapi_surface_finds_no_server_error(cluster):
                 pass  # nothing to make invalid (e.g. GET /health has no parameters)
     print(f"schemathesis: sent {sent}, statuses {dict(sorted(statuses.items()))}, 5xx {len(errors)}")
     assert sent >= 100 and not errors, errors[:5]
+
+
+def test_three_doors_together_admit_one_tenants_limit(cluster):
+    """20 requests of ~103 tokens to each of the three front doors at once, 6,200 tokens in all,
+    from a tenant allowed 3,000 a minute. On main each door kept a whole limit: all 60 went
+    through. Now each holds a third of it."""
+    doors = _doors()
+    assert len(doors) == 3
+    auth = {"authorization": f"Bearer {KEY_C}"}
+    body = {"model": "sim-a", "prompt": "the front door", "max_tokens": 100}
+
+    async def burst():
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as client:
+            sends = [client.post(f"{d.own_url}/v1/completions", headers=auth, json=body) for d in doors for _ in range(20)]
+            return await asyncio.gather(*sends)
+
+    t0 = time.monotonic()
+    replies = asyncio.run(burst())
+    elapsed = time.monotonic() - t0
+    per_door = [[r.status_code for r in replies[i * 20:(i + 1) * 20]] for i in range(3)]
+    served = sum(r.json()["usage"]["total_tokens"] for r in replies if r.status_code == 200)
+    print(f"three doors, one tenant of {C_TOKENS_PER_MINUTE} tokens/min: accepted per door "
+          f"{[codes.count(200) for codes in per_door]}, refused {sum(c.count(429) for c in per_door)}, "
+          f"tokens served {served} in {elapsed:.1f} s")
+    assert all(set(codes) <= {200, 429} for codes in per_door), per_door
+    assert served <= C_TOKENS_PER_MINUTE * (1 + elapsed / 60)
+    assert all(codes.count(200) >= 7 for codes in per_door)  # each door its third: ~9 of ~103 tokens
+    refused = [r for r in replies if r.status_code == 429]
+    assert refused and all(int(r.headers["retry-after"]) >= 1 for r in refused)
+    # One request bigger than a door's third can never be admitted, and is told why.
+    big = httpx.post(f"{doors[0].own_url}/v1/completions", headers=auth, timeout=30,
+                     json={**body, "max_tokens": 1500})
+    assert big.status_code == 400 and "3 front doors" in big.json()["error"]["message"]
+
+
+def test_a_rotated_key_takes_effect_on_every_door_within_10_s(cluster):
+    """The keys file rewritten (as a Kubernetes Secret update does): team-c's old key revoked and
+    a new one issued, no restart."""
+    cluster["keys"].write_text(_keys_text(KEY_D))
+    written, old, new = time.monotonic(), {"authorization": f"Bearer {KEY_C}"}, {"authorization": f"Bearer {KEY_D}"}
+    pending = {d.own_url for d in _doors()}
+    while pending:
+        for url in sorted(pending):
+            if (httpx.get(f"{url}/v1/models", headers=old, timeout=10).status_code == 401
+                    and httpx.get(f"{url}/v1/models", headers=new, timeout=10).status_code == 200):
+                pending.discard(url)
+        assert time.monotonic() - written < 10, f"doors still on the old keys after 10 s: {pending}"
+        time.sleep(0.25)
+    print(f"key rotation: every door refused the old key {time.monotonic() - written:.1f} s after the write")
 
 
 def _actor_of(replica_id: str):
