@@ -254,10 +254,10 @@ class FrontDoorApp:
                                   "invalid_request_error", "too_many_sequences", model=model.name, tenant=tenant,
                                   param="n")
                 return
-        else:  # /tokenize, /detokenize: the engine's tokenizer, not the model
-            tokens = len(prompt_text(path, body)) // CHARS_PER_TOKEN
-            gen = Generation(prompts=1, sequences=1, prompt_tokens=tokens, max_tokens=0, all_prompt_tokens=tokens)
         text = prompt_text(path, body)  # for prefix hashing; after the shape check, which it relies on
+        if path not in RUN_PATHS:  # /tokenize, /detokenize: the engine's tokenizer, not the model
+            tokens = len(text) // CHARS_PER_TOKEN
+            gen = Generation(prompts=1, sequences=1, prompt_tokens=tokens, max_tokens=0, all_prompt_tokens=tokens)
         charged = gen.most_tokens(model.engine_settings.max_model_len)
         refused = self.guard.charge(credential, charged, self.table.doors)
         if refused is not None:

@@ -101,6 +101,18 @@ def test_streaming_chat_delivers_every_chunk_and_ends(client):
     assert len(content) >= 2  # streamed, not one blob
 
 
+def test_a_stream_without_usage_asked_gets_none_from_vllm_through_the_door(client):
+    # The door asks vLLM for the usage chunk on every stream (to settle the tenant's charge) and
+    # takes it out again for a client that did not ask: chunk for chunk what bare vLLM sends.
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "stream please"}], max_tokens=8, stream=True,
+        extra_body=IGNORE_EOS)
+    chunks = list(stream)
+    assert chunks and all(c.usage is None and c.choices for c in chunks)
+    assert sum(1 for c in chunks if c.choices[0].delta.content) >= 2
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_unknown_model_is_404_with_openai_error(client):
     with pytest.raises(openai.NotFoundError) as exc:
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}],
