@@ -133,7 +133,7 @@ def up(
 ) -> None:
     """Start a local Ray head (or use RAY_ADDRESS), deploy, and serve until Ctrl-C."""
     from hbmserve.cluster import ray_auth
-    from hbmserve.cluster import ray_cluster as rc
+    from hbmserve.cluster import local_head as lh, ray_cluster as rc
 
     spec = _load(config)
     own_head = not os.environ.get("RAY_ADDRESS")
@@ -141,9 +141,9 @@ def up(
     _check_exposure(spec, insecure, ray_auth=ray_auth.head_auth_on() or not own_head)
     _ensure_local_models(spec)
     try:
-        if own_head and not rc.local_head_running():
+        if own_head and not lh.local_head_running():
             with err.status("starting a local Ray head"):
-                rc.start_local_head(spec.serve.dashboard_port, spec.serve.head_host)
+                lh.start_local_head(spec.serve.dashboard_port, spec.serve.head_host)
         else:
             own_head = False
         rc.connect(None)
@@ -205,18 +205,18 @@ def _serve_until_stopped(stop: threading.Event) -> str | None:
 def _shut_down(own_head: bool, gone: str | None) -> None:
     """Remove what is left of the deployment and the head this process started. A second Ctrl-C
     while cleaning up exits at once."""
-    from hbmserve.cluster import ray_cluster as rc
+    from hbmserve.cluster import local_head as lh, ray_cluster as rc
 
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # a second Ctrl-C: leave now
 
     def clean_up() -> None:
-        if not gone or rc.local_head_running():
+        if not gone or lh.local_head_running():
             with contextlib.suppress(Exception):
                 rc.undeploy_all()
         with contextlib.suppress(Exception):
             rc.disconnect()
         if own_head:
-            rc.stop_local_head()
+            lh.stop_local_head()
 
     # In a thread: a call into a cluster that is going away can block, and Ctrl-C must still work.
     worker = threading.Thread(target=clean_up, daemon=True)
@@ -230,7 +230,7 @@ def _shut_down(own_head: bool, gone: str | None) -> None:
 
 def down() -> None:
     """Remove hbmserve's applications; stop the local head unless RAY_ADDRESS points elsewhere."""
-    from hbmserve.cluster import ray_cluster as rc
+    from hbmserve.cluster import local_head as lh, ray_cluster as rc
 
     try:
         rc.connect(None)
@@ -239,7 +239,7 @@ def down() -> None:
     except rc.ClusterError as e:
         err.print(f"no cluster to clean up ({e})", style="dim", highlight=False)
     if not os.environ.get("RAY_ADDRESS"):
-        rc.stop_local_head()
+        lh.stop_local_head()
     out.print("down")
 
 
@@ -263,7 +263,7 @@ def ray_env() -> None:
     """Print the shell lines that let Ray's own CLI (ray job submit, ray status) reach the local
     head `hbmserve up` started, which runs with token authentication: eval "$(hbmserve ray-env)"."""
     from hbmserve.cluster import ray_auth
-    from hbmserve.cluster.ray_cluster import loopback_head
+    from hbmserve.cluster.local_head import loopback_head
 
     env = ray_auth.token_env()
     if env is None:

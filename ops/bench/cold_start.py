@@ -41,7 +41,7 @@ from pathlib import Path
 
 import httpx
 
-from hbmserve.cluster import ray_cluster as rc
+from hbmserve.cluster import local_head as lh, ray_cluster as rc
 from hbmserve.core.config import load_cluster_spec
 
 MODEL = "bench-cold"
@@ -128,9 +128,9 @@ def _drop_page_cache() -> bool:
 def one_start(config: Path, tier: str) -> dict:
     """A fresh head, the config deployed, one request; the head stopped afterwards."""
     spec = load_cluster_spec(str(config))
-    rc.stop_local_head()
+    lh.stop_local_head()
     dropped = _drop_page_cache() if tier == "warm" else None
-    rc.start_local_head(spec.serve.dashboard_port)
+    lh.start_local_head(spec.serve.dashboard_port)
     try:
         rc.connect(None)
         t0 = time.monotonic()
@@ -152,7 +152,7 @@ def one_start(config: Path, tier: str) -> dict:
         with contextlib.suppress(Exception):
             rc.undeploy_all()
         rc.disconnect()
-        rc.stop_local_head()
+        lh.stop_local_head()
 
 
 def _medians(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:

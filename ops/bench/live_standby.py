@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from hbmserve.cluster import ray_cluster as rc
+from hbmserve.cluster import local_head as lh, ray_cluster as rc
 from hbmserve.core.config import load_cluster_spec
 
 MODEL = "bench-standby"
@@ -91,8 +91,8 @@ def _watch_second_active(app: str, dep: str, t0: float, stop: threading.Event, o
 
 def one_round(config_path: str, clients: int, per_client: int, max_tokens: int) -> dict:
     spec = load_cluster_spec(config_path)
-    rc.stop_local_head()
-    rc.start_local_head(spec.serve.dashboard_port)
+    lh.stop_local_head()
+    lh.start_local_head(spec.serve.dashboard_port)
     try:
         rc.connect(None)
         url = rc.deploy(spec)[MODEL]
@@ -116,7 +116,7 @@ def one_round(config_path: str, clients: int, per_client: int, max_tokens: int) 
                 "ttft_max_s": ttfts[-1], "burst_s": time.monotonic() - t0, "requests": len(ttfts)}
     finally:
         rc.disconnect()
-        rc.stop_local_head()
+        lh.stop_local_head()
 
 
 def main() -> None:

@@ -130,7 +130,7 @@ backend engines
 @contextlib.contextmanager
 def idle_ray_head(dashboard_port: int):
     """A Ray head as `hbmserve up` starts it, with nothing deployed."""
-    from hbmserve.cluster.ray_cluster import start_local_head, stop_local_head
+    from hbmserve.cluster.local_head import start_local_head, stop_local_head
 
     stop_local_head()
     start_local_head(dashboard_port)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from hbmserve.cluster import ray_cluster as rc
+from hbmserve.cluster import local_head as lh, ray_cluster as rc
 from hbmserve.core.config import load_cluster_spec
 
 MIB = 1024 * 1024
@@ -43,9 +43,9 @@ def one_round(config: str | None) -> dict:
     from hbmserve.wire.records_store import read_replica_info
 
     spec = load_cluster_spec(config)
-    rc.stop_local_head()
+    lh.stop_local_head()
     t0 = time.monotonic()
-    rc.start_local_head(spec.serve.dashboard_port)
+    lh.start_local_head(spec.serve.dashboard_port)
     head_s = time.monotonic() - t0
     try:
         rc.connect(None)
@@ -64,7 +64,7 @@ def one_round(config: str | None) -> dict:
     finally:
         rc.undeploy_all()
         rc.disconnect()
-        rc.stop_local_head()
+        lh.stop_local_head()
 
 
 def main() -> None:

@@ -114,7 +114,7 @@ def _serving_answer(base: str, api_key: str, timeout_s: float):
 def test_cpu_demo_serve_config_deployed_by_serve_deploy_answers_openai(tmp_path, tiny_model_dir, monkeypatch):
     from tests.chart.chart_support import one, ray_cluster
 
-    from hbmserve.cluster.ray_cluster import local_head_running, start_local_head, stop_local_head
+    from hbmserve.cluster.local_head import local_head_running, start_local_head, stop_local_head
 
     docs = _render(tmp_path, tiny_model_dir)
     secrets = _mount_secrets(docs, tmp_path)

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from hbmserve.cluster.ray_cluster import outward_address
+from hbmserve.cluster.local_head import outward_address
 from tests.integration.ray_ports import accepts_unauthenticated, listeners
 
 pytestmark = pytest.mark.integration

@@ -13,14 +13,14 @@ import typer
 from typer.testing import CliRunner
 
 import hbmserve.cli.serve as serve_cli
-from hbmserve.cluster import ray_cluster as rc
+from hbmserve.cluster import local_head as lh, ray_cluster as rc
 
 
 @pytest.fixture
 def fake_cluster(monkeypatch, tmp_path: Path):
     calls: list[str] = []
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(rc, "local_head_running", lambda: True)  # not ours: nothing to stop
+    monkeypatch.setattr(lh, "local_head_running", lambda: True)  # not ours: nothing to stop
     monkeypatch.setattr(rc, "connect", lambda address: "127.0.0.1:6379")
     monkeypatch.setattr(serve_cli, "_ensure_local_models", lambda spec: None)
     monkeypatch.setattr(serve_cli, "_shut_down", lambda own_head, gone: calls.append("shut down"))

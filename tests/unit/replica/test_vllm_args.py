@@ -247,13 +247,13 @@ def test_hbmserve_deploy_exits_2_naming_the_field_before_touching_ray(tmp_path):
 
 def test_hbmserve_up_and_deploy_check_before_starting_or_connecting(tmp_path, monkeypatch):
     from hbmserve.cli.serve import register
-    from hbmserve.cluster import ray_cluster as rc
+    from hbmserve.cluster import local_head as lh, ray_cluster as rc
 
     def no_ray(*_a, **_k):
         raise AssertionError("Ray touched before the config was checked")
 
-    for name in ("local_head_running", "start_local_head", "connect", "deploy"):
-        monkeypatch.setattr(rc, name, no_ray)
+    for module, name in ((lh, "local_head_running"), (lh, "start_local_head"), (rc, "connect"), (rc, "deploy")):
+        monkeypatch.setattr(module, name, no_ray)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     app = typer.Typer()
     register(app)
