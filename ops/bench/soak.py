@@ -35,6 +35,7 @@ from pathlib import Path
 
 import httpx
 
+from hbmserve.wire.records_store import read_ingress_info
 from hbmserve.ops.bench.header_flood import LINE
 
 PORT = 8000
@@ -201,8 +202,8 @@ async def _rss_samples(url: str, stop: float, into: list[float]) -> None:
     async with httpx.AsyncClient(timeout=10, headers={"authorization": f"Bearer {ADMIN}"}) as client:
         while time.monotonic() < stop:
             try:
-                into.append((await client.get(f"{url}/hbm/info")).json()["rss_mib"])
-            except (httpx.HTTPError, KeyError, ValueError):
+                into.append(read_ingress_info((await client.get(f"{url}/hbm/info")).json()).rss_mib)
+            except (httpx.HTTPError, ValueError):  # RecordError is a ValueError
                 pass
             await asyncio.sleep(10)
 
@@ -259,8 +260,8 @@ def main() -> None:
         finally:
             subprocess.run([*hb, "down"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     report = {"concurrency": a.concurrency, "minutes": a.minutes, "slo_ttft_s": slo_s,
-              "baseline": _phase(quiet, slo_s) | {"rss_mib": rss_quiet},
-              "soak": _phase(soak, slo_s) | {"rss_mib": rss_soak}, "attack": attack,
+              "baseline": _phase(quiet, slo_s) | {"door_rss_mib": rss_quiet},
+              "soak": _phase(soak, slo_s) | {"door_rss_mib": rss_soak}, "attack": attack,
               "attacker_limit_tokens": ATTACKER_TOKENS_PER_MINUTE * (1 + a.minutes)}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=2))
@@ -268,7 +269,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for name in ("baseline", "soak"):
         r = report[name]
-        rss = r["rss_mib"] or [0.0]
+        rss = r["door_rss_mib"] or [0.0]
         print(f"| {name} | {r['sent']} | {r['served']} | {r['within_slo']} ({100 * r['within_slo_share']:.2f}%) | "
               f"{r['refused']} | {r['lost']} | {r['ttft_p50_s']:.2f} / {r['ttft_p95_s']:.2f} | "
               f"{min(rss):.0f}-{max(rss):.0f} |")
