@@ -6,7 +6,9 @@
 * static_peak_decide: a fixed replica count, provisioned for the trace's peak.
 * queue_threshold_decide: +1 above a queue-length threshold, -1 below another, with a cool-down.
 
-None keeps standbys: their decisions carry an empty target_standby.
+What a Kubernetes user would run instead (the HPA, KEDA) is in k8s_baselines.py; the static
+frontier (every fixed fleet, static-peak's decide at each count) in sim/frontier.py. None keeps
+standbys: their decisions carry an empty target_standby.
 """
 
 from __future__ import annotations
@@ -84,6 +86,12 @@ def _total_ongoing(snapshot: Snapshot) -> float:
     at_replicas = sum(r.waiting + r.running for r in snapshot.replicas
                       if r.state is ReplicaState.ACTIVE)
     return float(at_replicas + snapshot.pending_at_ingress)
+
+
+def queue_length(snapshot: Snapshot) -> int:
+    """Requests waiting: queued at active replicas plus held at the ingress (no replica active)."""
+    return sum(r.waiting for r in snapshot.replicas
+               if r.state is ReplicaState.ACTIVE) + snapshot.pending_at_ingress
 
 
 def _observe(snapshot: Snapshot, config: RayDefaultConfig,
@@ -249,8 +257,7 @@ def queue_threshold_decide(snapshot: Snapshot, config: QueueThresholdConfig,
     active = snapshot.count(ReplicaState.ACTIVE)
     current = state.target if state.target is not None else (
         active + snapshot.count(ReplicaState.STARTING))
-    waiting = sum(r.waiting for r in snapshot.replicas if r.state is ReplicaState.ACTIVE)
-    queue = (waiting + snapshot.pending_at_ingress) / max(active, 1)
+    queue = queue_length(snapshot) / max(active, 1)
     cooled = state.last_change_at is None or now - state.last_change_at >= config.cooldown_s
     target, why = current, "hold"
     if current == 0 and snapshot.pending_at_ingress > 0:

@@ -6,6 +6,11 @@ the model (autoscale/policy_config.py, the one builder), so runs compare like fo
     state = entry.initial_state()
     decision, state = entry.decide(snapshot, config, state)
 
+Besides hbmserve and Ray Serve's default, the baselines are what a platform engineer would
+deploy without hbmserve: a fixed fleet sized for the peak (static-peak; every size is the static
+frontier, sim/frontier.py), a queue threshold, and on Kubernetes the HPA or KEDA on the queue
+with their stock defaults (k8s-hpa, keda: k8s_baselines.py).
+
 The oracle is the exception: it is `clairvoyant`, planned from the whole trace and the
 simulator by its driver (sim/oracle_search.py), so its config is a schedule, not derived here.
 """
@@ -26,6 +31,14 @@ from hbmserve.autoscale.baselines import (
     queue_threshold_decide,
     ray_default_decide,
     static_peak_decide,
+)
+from hbmserve.autoscale.k8s_baselines import (
+    HpaConfig,
+    HpaState,
+    KedaConfig,
+    KedaState,
+    hpa_decide,
+    keda_decide,
 )
 from hbmserve.autoscale.oracle import OracleConfig, OracleState, oracle_decide
 from hbmserve.autoscale.policy_config import AutoscaleConfig
@@ -56,6 +69,19 @@ def queue_threshold_config(config: AutoscaleConfig,
                                 scale_up_queue=config.target_queue_per_replica)
 
 
+def hpa_config(config: AutoscaleConfig, peak_rps: float | None = None) -> HpaConfig:
+    # Kubernetes' defaults; the cluster's bounds (an HPA's minReplicas is at least 1) and its
+    # queue target, as a platform engineer would write them.
+    return HpaConfig(min_replicas=max(1, config.min_replicas), max_replicas=config.max_replicas,
+                     target_queue_per_replica=config.target_queue_per_replica)
+
+
+def keda_config(config: AutoscaleConfig, peak_rps: float | None = None) -> KedaConfig:
+    # KEDA's defaults; the cluster's bounds and its queue target as the trigger's threshold.
+    return KedaConfig(min_replicas=config.min_replicas, max_replicas=config.max_replicas,
+                      target_queue_length=config.target_queue_per_replica)
+
+
 def oracle_config(config: AutoscaleConfig, peak_rps: float | None = None) -> OracleConfig:
     raise ValueError("the oracle's config is a schedule planned from the whole trace by its "
                      "driver (sim/oracle_search.py plan_oracle), not derived from a config")
@@ -78,5 +104,7 @@ POLICIES: dict[str, PolicyEntry] = {
     "static-peak": PolicyEntry(static_peak_decide, static_peak_config, StaticPeakState),
     "queue-threshold": PolicyEntry(queue_threshold_decide, queue_threshold_config,
                                    QueueThresholdState),
+    "k8s-hpa": PolicyEntry(hpa_decide, hpa_config, HpaState),
+    "keda": PolicyEntry(keda_decide, keda_config, KedaState),
     "oracle": PolicyEntry(oracle_decide, oracle_config, OracleState, clairvoyant=True),
 }

@@ -10,7 +10,13 @@ run's settings and `policies`: {name: object}. Each object carries at least slo_
 ttft_p95_s, gpu_hours, cost_usd, scale_actions (target changes + cancelled starts),
 scale_actions_per_hour and dropped_requests (see sim/evaluate.py for how each is counted); when
 the oracle ran (`--policy all` or `oracle`), every object also carries gpu_hours_vs_oracle and
-the oracle's own carries how it was planned (`oracle`: aim, ceiling, trials). The single object,
+the oracle's own carries how it was planned (`oracle`: aim, ceiling, trials, the fixed fleets
+it tried). With the static frontier (`--frontier`, on by default for `all`), the output also
+carries `static_frontier` (one row per fixed fleet: replicas, gpu_hours, slo_attainment, ...)
+and every policy object `dominated_by` (the fixed fleets that get at least its attainment for no
+more GPU-hours, sim/frontier.py). When the oracle ran and any policy or fixed fleet reaches its
+attainment with fewer GPU-hours, the command prints its output, then one `error: ...` line
+naming them, and exits 1: the oracle is not the limit it claims to be. The single object,
 or the settings of `all`, also carry `slo_feasible` and `slo_blocker`: whether the config's engine
 settings can meet its SLO on this trace at any replica count up to max_replicas
 (capacity/slo_cap.py), and why not.
@@ -33,8 +39,8 @@ def evaluate_cmd(
     trace: Annotated[Path, typer.Option("--trace", help="CSV (arrived_at,num_prefill_tokens,"
                                         "num_decode_tokens) or JSONL trace")],
     policy: Annotated[str, typer.Option("--policy", help="hbmserve, ray-default, static-peak, "
-                                        "queue-threshold, oracle (planned from the whole "
-                                        "trace: the limit), or all (side by side)")],
+                                        "queue-threshold, k8s-hpa, keda, oracle (planned from "
+                                        "the whole trace: the limit), or all (side by side)")],
     config: Annotated[Optional[Path], typer.Option("--config", help="cluster YAML; default: the "
                                                    "reference cluster (sim/data/"
                                                    "reference_cluster.yaml)")] = None,
@@ -57,16 +63,20 @@ def evaluate_cmd(
                                             help="policy period, seconds")] = 1.0,
     catalog: Annotated[Optional[Path], typer.Option("--catalog", help="hardware catalog "
                                                     "YAML")] = None,
+    frontier: Annotated[Optional[bool], typer.Option(
+        "--frontier/--no-frontier", help="also replay a fixed fleet of each size (the static "
+        "frontier) and mark the policies it dominates; default: with --policy all")] = None,
 ) -> None:
     """Replay a trace through the simulated cluster under one scaling policy (or all of them)."""
-    import time
-
     from hbmserve.autoscale.registry import POLICIES
     from hbmserve.core.scaling import Tier
     from hbmserve.traces.arrivals import read_trace
 
     from hbmserve.cli.capacity import slo_check_for, warn_slo
-    from hbmserve.sim.evaluate import TraceScaling, eval_config, evaluate, load_eval_cluster, scale_trace
+    from hbmserve.sim.comparison import compare
+    from hbmserve.sim.evaluate import TraceScaling, eval_config, load_eval_cluster, scale_trace
+    from hbmserve.sim.frontier import frontier_rows
+    from hbmserve.sim.oracle_search import OracleUndercut
 
     names = list(POLICIES) if policy == ALL else [policy]
     if policy != ALL and policy not in POLICIES:
@@ -83,44 +93,51 @@ def evaluate_cmd(
         raise fail(str(err)) from None
     check = slo_check_for(cluster.scenario, arr, auto.max_replicas)
     warn_slo(check, cluster.model_name)
-    results, wall = [], {}
-    for name in names:
-        t0 = time.perf_counter()
-        results.append(evaluate(name, cluster, arr, auto))
-        wall[name] = time.perf_counter() - t0
+    comparison = compare(names, cluster, arr, auto,
+                         frontier=policy == ALL if frontier is None else frontier)
+    results, oracle = list(comparison.results), comparison.oracle
     if plot is not None:
         from hbmserve.sim.eval_plot import plot_replicas_vs_load
 
         plot_replicas_vs_load(results, plot, f"{trace.name}: {cluster.model_name} on "
                               f"{cluster.scenario.deployment.gpu.name} "
-                              f"TP{cluster.scenario.deployment.tp}")
+                              f"TP{cluster.scenario.deployment.tp}", comparison.frontier)
     settings = {"trace": str(trace), "cluster": cluster.source, "model": cluster.model_name,
                 "time_scale": time_scale, "token_scale": token_scale, "clip_s": clip,
                 "startup_s": {t.value: s for t, s in auto.startup_s.items()},
                 "decision_interval_s": interval, **check.to_json_dict()}
-    oracle = next((r for r in results if POLICIES[r.policy].clairvoyant), None)
     if json_out:
-        objs = {r.policy: {**r.to_json_dict(), "sim_wall_s": wall[r.policy],
-                           **_vs_oracle(r, oracle)} for r in results}
-        out: dict[str, Any] = ({**objs[policy], **check.to_json_dict()} if policy != ALL
-                               else {**settings, "policies": objs})
+        objs = {r.policy: {**r.to_json_dict(), "sim_wall_s": comparison.wall_s[r.policy],
+                           **_vs_oracle(r, oracle), **_frontier_marks(r, comparison)}
+                for r in results}
+        curve = ({"static_frontier": frontier_rows(comparison.frontier),
+                  "static_frontier_wall_s": comparison.wall_s["static frontier"]}
+                 if comparison.frontier else {})
+        out: dict[str, Any] = ({**objs[policy], **check.to_json_dict(), **curve}
+                               if policy != ALL else {**settings, "policies": objs, **curve})
         typer.echo(json.dumps(out))
     else:
-        _print_table(results, settings, len(arr), arr.duration_s, oracle)
-    if oracle is not None:
-        from hbmserve.sim.oracle_search import undercut_oracle
-
-        for name in undercut_oracle(results, oracle):
-            typer.echo(f"warning: {name} reaches the oracle's SLO attainment with fewer GPU-hours: "
-                       "the oracle's search fell short of the limit on this trace", err=True)
+        _print_table(results, settings, len(arr), arr.duration_s, oracle, comparison)
     if plot is not None and not json_out:
         typer.echo(f"plot written to {plot}")
+    try:
+        comparison.check()
+    except OracleUndercut as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _vs_oracle(r: Any, oracle: Any) -> dict[str, float]:
     if oracle is None:
         return {}
     return {"gpu_hours_vs_oracle": r.summary.gpu_hours / oracle.summary.gpu_hours}
+
+
+def _frontier_marks(r: Any, comparison: Any) -> dict[str, list[str]]:
+    """`dominated_by`: the fixed fleets that dominate `r`, when the frontier ran."""
+    if comparison is None or not comparison.frontier:
+        return {}
+    return {"dominated_by": comparison.dominated_by(r)}
 
 
 def _console():
@@ -133,7 +150,7 @@ def _console():
 
 
 def _print_table(results: list[Any], settings: dict[str, Any], n: int, span_s: float,
-                 oracle: Any = None) -> None:
+                 oracle: Any = None, comparison: Any = None) -> None:
     from rich.table import Table
 
     c = _console()
@@ -145,7 +162,7 @@ def _print_table(results: list[Any], settings: dict[str, Any], n: int, span_s: f
     t = Table("policy", "SLO attain.", "TTFT p95 s", "TPOT p95 ms", "GPU-h",
               *(("GPU-h/oracle",) if oracle is not None else ()), "cost $",
               "replicas mean/peak", "scale actions (/h)", "cancelled starts",
-              "dropped")
+              "dropped", *(("dominated by",) if comparison and comparison.frontier else ()))
     for r in results:
         d = r.to_json_dict()
         tpot = "-" if d["tpot_p95_s"] is None else f"{d['tpot_p95_s'] * 1e3:.1f}"
@@ -155,8 +172,11 @@ def _print_table(results: list[Any], settings: dict[str, Any], n: int, span_s: f
                   *ratio, f"{d['cost_usd']:.2f}",
                   f"{d['mean_replicas']:.2f} / {d['peak_replicas']}",
                   f"{d['scale_actions']} ({d['scale_actions_per_hour']:.1f})",
-                  str(d["cancelled_starts"]), str(d["dropped_requests"]))
+                  str(d["cancelled_starts"]), str(d["dropped_requests"]),
+                  *(", ".join(v) or "-" for v in _frontier_marks(r, comparison).values()))
     c.print(t)
+    if comparison and comparison.frontier:
+        _print_frontier(c, results, comparison, oracle)
     if oracle is not None:
         o = oracle.detail.get("oracle", {})
         if o:
@@ -164,7 +184,27 @@ def _print_table(results: list[Any], settings: dict[str, Any], n: int, span_s: f
                     f"needed, that reach {o['aim_slo_attainment']:.2%} (the attainment of "
                     f"max_replicas throughout, {o['ceiling_slo_attainment']:.2%}, less "
                     f"{100 * (o['ceiling_slo_attainment'] - o['aim_slo_attainment']):.2g} "
-                    f"point); found in {len(o['trials'])} replays")
+                    f"point); found in {len(o['trials'])} replays and "
+                    f"{len(o['fixed_fleets_tried'])} fixed fleets; kept schedule: {o['schedule']}")
+
+
+def _print_frontier(c: Any, results: list[Any], comparison: Any, oracle: Any) -> None:
+    from rich.table import Table
+
+    t = Table("fixed fleet", "SLO attain.", "GPU-h",
+              *(("GPU-h/oracle",) if oracle is not None else ()), "TTFT p95 s", "TPOT p95 ms",
+              title="static frontier: a fixed fleet of each size")
+    for r in comparison.frontier:
+        s = r.summary
+        t.add_row(r.policy, f"{s.slo_attainment:.2%}", f"{s.gpu_hours:.2f}",
+                  *(f"{v:.2f}" for v in _vs_oracle(r, oracle).values()),
+                  "-" if s.ttft.p95 is None else f"{s.ttft.p95:.2f}",
+                  "-" if s.tpot.p95 is None else f"{s.tpot.p95 * 1e3:.1f}")
+    c.print(t)
+    beaten = [f"{r.policy} (by {', '.join(comparison.dominated_by(r))})" for r in results
+              if comparison.dominated_by(r)]
+    c.print("dominated by a fixed fleet (at least its SLO attainment for no more GPU-hours): "
+            + ("; ".join(beaten) if beaten else "none"))
 
 
 def burst_trace_cmd(

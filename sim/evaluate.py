@@ -27,6 +27,9 @@ e.g. longer than max_model_len, or still unfinished when the simulation ends).
 
 The oracle (the registry's `clairvoyant` entry) is planned from the whole trace by
 sim/oracle_search.py and replayed like any policy; the reports give every policy's GPU-hours over its.
+Beside the policies, the static frontier (sim/frontier.py: a fixed fleet of each size) marks
+which of them some fixed fleet dominates; sim/comparison.py runs them all and checks that no
+run undercuts the oracle.
 
 `evaluate` is pure apart from CPU time; `load_eval_cluster` is the one function that reads files.
 """
@@ -256,11 +259,13 @@ def _look_back_s(config: Any) -> float:
 
 
 def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals,
-             config: AutoscaleConfig | None = None, entry: PolicyEntry | None = None) -> EvalResult:
+             config: AutoscaleConfig | None = None, entry: PolicyEntry | None = None,
+             fleets: Any = None) -> EvalResult:
     """Run the registered policy `policy` over `arr` on `cluster` (config: eval_config(cluster,
     arr)). `entry` replaces the registry's, e.g. a baseline with another config mapping; the
     result is still labelled `policy`. A clairvoyant entry (the oracle) is planned from the
-    whole trace first (sim/oracle_search.py)."""
+    whole trace first (sim/oracle_search.py), drawing on `fleets` (sim/frontier.py FleetRuns,
+    shared with the static frontier) for its fixed-fleet candidates."""
     entry = entry or POLICIES.get(policy)
     if entry is None:
         raise EvalError(f"--policy {policy!r}: not one of {', '.join(POLICIES)}")
@@ -268,7 +273,7 @@ def evaluate(policy: str, cluster: EvalCluster, arr: Arrivals,
     if entry.clairvoyant:
         from hbmserve.sim.oracle_search import plan_oracle
 
-        return plan_oracle(cluster, arr, config, label=policy, entry=entry).result
+        return plan_oracle(cluster, arr, config, label=policy, entry=entry, fleets=fleets).result
     return run_policy(policy, entry, entry.make_config(config, arr.rate_peak()), cluster, arr,
                       config)
 

@@ -18,6 +18,12 @@
    next to the intervals where it lost requests the ceiling served ("avoidable misses"),
    widening that set by what it loses next. The cheapest schedule that reaches the aim is the
    oracle; if none does, max_replicas throughout (the ceiling, which does by definition).
+5. Fixed fleets. A fleet of n replicas all the time is a schedule too, and on traces of lulls
+   and bursts it can beat every schedule the need search finds (issue 27: a fleet of 3 reached
+   100% at 12.0 GPU-h where the search stopped at 13.9). Every fleet whose least possible bill
+   (n replicas to the last arrival) is below the kept schedule's GPU-hours is replayed, and
+   the cheapest that reaches the aim is kept if it is cheaper. The replays are the static
+   frontier's (sim/frontier.py `FleetRuns`), so `--policy all` runs each fleet once.
 
 In what sense this is the limit. Two parts are exact: billing charges every replica-second the
 same whether a replica starts, waits or serves, so knowing the future, standbys buy nothing and
@@ -27,8 +33,11 @@ autoscale/oracle.py, checked against brute force in the tests). The need itself 
 a resolution of `bin_s` and one replica, within `max_runs` replays: what is found is an
 achievable schedule, so the true minimum at the aim is at most the oracle's GPU-hours, and no
 evaluated policy may reach the oracle's attainment with fewer (`undercut_oracle`, checked on
-every evaluated trace by the tests and the benchmark). It is not proved that no schedule could
-do better.
+every evaluated trace by the tests and the benchmark). By step 5, no fixed fleet does, on any
+trace: each fleet either was replayed and lost, or costs at least the oracle by its least bill.
+Other policies are checked, not searched: `assert_oracle_is_the_limit` raises `OracleUndercut`
+naming each run that reaches the oracle's attainment with fewer GPU-hours, and `hbmserve
+autoscale evaluate` exits 1 on it. It is not proved that no schedule could do better.
 """
 
 from __future__ import annotations
@@ -40,12 +49,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hbmserve.autoscale.baselines import StaticPeakConfig
 from hbmserve.autoscale.oracle import OracleConfig, cover
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.registry import POLICIES, PolicyEntry
 from hbmserve.traces.arrivals import Arrivals
 from hbmserve.sim.evaluate import EvalCluster, EvalResult, run_policy
+from hbmserve.sim.frontier import FleetRuns
 
 
 STEP = 0.8  # the utilisation search's bracketing step
@@ -91,11 +100,11 @@ def need_of(arr: Arrivals, config: AutoscaleConfig, bin_s: float,
 
 def plan_oracle(cluster: EvalCluster, arr: Arrivals, config: AutoscaleConfig,
                 label: str = "oracle", entry: PolicyEntry | None = None,
-                spec: OracleSpec = OracleSpec()) -> OraclePlan:
+                spec: OracleSpec = OracleSpec(), fleets: FleetRuns | None = None) -> OraclePlan:
+    """`fleets`: the fixed-fleet replays to draw on (and add to); None: a memo of its own."""
     entry = entry or POLICIES["oracle"]
-    static = POLICIES["static-peak"]
-    ceiling = run_policy("ceiling", static, StaticPeakConfig(config.max_replicas), cluster, arr,
-                         config)
+    fleets = fleets or FleetRuns(cluster, arr, config)
+    ceiling = fleets(config.max_replicas)
     aim = ceiling.summary.slo_attainment - spec.attainment_gap
     bin_s, start_s = spec.bin_s, config.startup_cold_s
     first_min = math.ceil(len(arr.window(0.0, 60.0)) / 60.0
@@ -165,10 +174,21 @@ def plan_oracle(cluster: EvalCluster, arr: Arrivals, config: AutoscaleConfig,
         if not (near & ~bad[1]).any():
             break
         bad = (bad[0], bad[1] | near)
+    # Every fixed fleet is a schedule too (step 5).
+    tried = []
+    for n in fleets.sizes:
+        if fleets.least_gpu_hours(n) >= best[2].summary.gpu_hours:
+            break
+        res = fleets(n)
+        tried.append(n)
+        if res.summary.slo_attainment >= aim and res.summary.gpu_hours < best[2].summary.gpu_hours:
+            best = (np.full(n_bins, n), OracleConfig(((0.0, n),), note=f"a fixed fleet of {n}"),
+                    dataclasses.replace(res, policy=label))
     detail = {"oracle": {
         "aim_slo_attainment": aim, "ceiling_slo_attainment": ceiling.summary.slo_attainment,
         "ceiling_gpu_hours": ceiling.summary.gpu_hours, "interval_s": bin_s,
-        "schedule_steps": len(best[1].schedule),
+        "schedule_steps": len(best[1].schedule), "schedule": best[1].note,
+        "fixed_fleets_tried": tried,
         "trials": [{"slo_attainment": a, "gpu_hours": g} for a, g in trials]}}
     result = dataclasses.replace(best[2], detail=detail)
     return OraclePlan(result, best[1], ceiling, aim, tuple(trials))
@@ -180,3 +200,23 @@ def undercut_oracle(results: Iterable[EvalResult], oracle: EvalResult) -> list[s
     o = oracle.summary
     return [r.policy for r in results if r is not oracle
             and r.summary.slo_attainment >= o.slo_attainment and r.summary.gpu_hours < o.gpu_hours]
+
+
+class OracleUndercut(RuntimeError):
+    """A run reached the oracle's SLO attainment with fewer GPU-hours: the oracle's search
+    fell short of the limit it claims to be."""
+
+
+def assert_oracle_is_the_limit(results: Iterable[EvalResult], oracle: EvalResult) -> None:
+    """Raise OracleUndercut naming every run in `results` (policies, fixed fleets) that
+    undercuts `oracle`."""
+    results = list(results)
+    names = set(undercut_oracle(results, oracle))
+    if not names:
+        return
+    o = oracle.summary
+    found = "; ".join(f"{r.policy} {r.summary.slo_attainment:.2%} at {r.summary.gpu_hours:.2f} "
+                      "GPU-h" for r in results if r.policy in names)
+    raise OracleUndercut(f"the oracle ({o.slo_attainment:.2%} at {o.gpu_hours:.2f} GPU-h) is not "
+                         f"the limit on this trace: {found} reach its SLO attainment with fewer "
+                         "GPU-hours")

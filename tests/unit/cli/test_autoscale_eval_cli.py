@@ -13,7 +13,8 @@ from hbmserve.cli.autoscale import register
 
 KEYS = {"slo_attainment", "ttft_p95_s", "gpu_hours", "cost_usd", "scale_actions",
         "scale_actions_per_hour", "dropped_requests", "target_changes", "cancelled_starts"}
-POLICIES = ("hbmserve", "ray-default", "static-peak", "queue-threshold", "oracle")
+POLICIES = ("hbmserve", "ray-default", "static-peak", "queue-threshold", "k8s-hpa", "keda",
+            "oracle")
 
 
 @pytest.fixture
@@ -76,12 +77,61 @@ def test_evaluate_all_json_and_table_and_plot(app, trace, tmp_path):
     assert out["policies"]["oracle"]["slo_attainment"] >= plan["aim_slo_attainment"]
     assert plan["aim_slo_attainment"] == pytest.approx(plan["ceiling_slo_attainment"] - 0.001)
     assert out["startup_s"] == {"hot": 5.0, "warm": 45.0, "cold": 180.0}
+    # The static frontier: fixed-1 up, each a (GPU-h, SLO) point; every policy marked with the
+    # fleets that dominate it.
+    curve = out["static_frontier"]
+    assert [row["replicas"] for row in curve] == list(range(1, len(curve) + 1))
+    assert all({"gpu_hours", "slo_attainment"} <= set(row) for row in curve)
+    for v in out["policies"].values():
+        assert v["dominated_by"] == [
+            row["policy"] for row in curve
+            if row["slo_attainment"] >= v["slo_attainment"] and row["gpu_hours"] <= v["gpu_hours"]
+            and (row["slo_attainment"], row["gpu_hours"]) != (v["slo_attainment"], v["gpu_hours"])]
+    oracle = out["policies"]["oracle"]
+    assert not [row for row in curve if row["slo_attainment"] >= oracle["slo_attainment"]
+                and row["gpu_hours"] < oracle["gpu_hours"]]
     png = tmp_path / "replicas.png"
     r = run(app, "evaluate", "--trace", str(trace), "--policy", "all", "--plot", str(png))
     assert r.exit_code == 0, r.output
     assert all(p[:10] in r.stdout for p in POLICIES) and "SLO attain." in r.stdout
     assert "GPU-h/oracle" in r.stdout and "oracle: the fewest replicas" in r.stdout
+    assert "static frontier" in r.stdout and "fixed-1" in r.stdout
+    assert "dominated by a fixed fleet" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_evaluate_fails_loudly_when_a_run_beats_the_oracle(app, trace, monkeypatch):
+    # Crafted: the oracle's replay billed 1,000 GPU-h; every fixed fleet now undercuts it.
+    import dataclasses
+
+    from hbmserve.sim import comparison
+
+    real = comparison.evaluate
+
+    def dear_oracle(name, *args, **kwargs):
+        r = real(name, *args, **kwargs)
+        if name != "oracle":
+            return r
+        return dataclasses.replace(r, summary=dataclasses.replace(r.summary, gpu_hours=1000.0))
+
+    monkeypatch.setattr(comparison, "evaluate", dear_oracle)
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "all", "--clip", "60")
+    assert r.exit_code == 1, r.output
+    assert "SLO attain." in r.stdout  # the table first, then the error
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the oracle") and "is not the limit" in last
+    assert "fixed-1" in last and "Traceback" not in r.output
+
+
+def test_single_policy_runs_no_frontier_unless_asked(app, trace):
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "k8s-hpa", "--json", "--clip", "60")
+    assert r.exit_code == 0, r.output
+    assert "static_frontier" not in json.loads(r.stdout)
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "keda", "--json", "--clip", "60",
+            "--frontier")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["static_frontier"] and isinstance(out["dominated_by"], list)
 
 
 def test_time_scale_and_clip_change_what_is_replayed(app, trace):

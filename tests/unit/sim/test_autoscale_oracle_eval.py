@@ -1,5 +1,6 @@
-"""The oracle in the evaluation (sim/oracle_search.py): on every trace evaluated here, no policy reaches
-its SLO attainment with fewer GPU-hours, and it reaches the attainment it aims at.
+"""The oracle in the evaluation (sim/oracle_search.py): on every trace evaluated here, no policy and
+no fixed fleet reaches its SLO attainment with fewer GPU-hours, and it reaches the attainment it
+aims at.
 
 Short traces on a small cluster (the reference model, 1-4 replicas, a 60 s cold start) keep
 this fast; the full-size check runs in ops/bench/autoscale_eval.py on every trace it evaluates.
@@ -8,7 +9,6 @@ this fast; the full-size check runs in ops/bench/autoscale_eval.py on every trac
 from __future__ import annotations
 
 import dataclasses
-from importlib import resources
 
 import numpy as np
 import pytest
@@ -17,19 +17,14 @@ from hbmserve.autoscale.registry import POLICIES
 from hbmserve.traces.arrivals import Arrivals
 from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals
 from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals
-from hbmserve.sim.evaluate import eval_config, evaluate, load_eval_cluster
+from hbmserve.sim.comparison import compare
+from hbmserve.sim.evaluate import eval_config, evaluate
 from hbmserve.sim.oracle_search import need_of, plan_oracle, undercut_oracle
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    text = resources.files("hbmserve.sim").joinpath("data", "reference_cluster.yaml").read_text()
-    text = text.replace("max_replicas: 16", "max_replicas: 4").replace(
-        "target_queue_per_replica: 4",
-        "target_queue_per_replica: 4\n      startup_s: {hot: 5, warm: 20, cold: 60}")
-    path = tmp_path_factory.mktemp("oracle") / "small.yaml"
-    path.write_text(text)
-    return load_eval_cluster(path)
+@pytest.fixture
+def cluster(small_cluster):
+    return small_cluster
 
 
 def ramp() -> Arrivals:
@@ -55,13 +50,15 @@ TRACES = {
 def test_no_policy_reaches_the_oracle_s_attainment_with_fewer_gpu_hours(cluster, trace):
     arr = TRACES[trace]()
     config = eval_config(cluster, arr)
-    results = [evaluate(name, cluster, arr, config) for name in POLICIES]
+    c = compare(list(POLICIES), cluster, arr, config)  # every policy and every fixed fleet
+    results = [*c.results, *c.frontier]
     # and hbmserve with standbys kept, the bench's costliest variant
     keep = dataclasses.replace(POLICIES["hbmserve"], make_config=lambda c, peak: dataclasses.replace(
         c, hot_standby_min=2))
     results.append(evaluate("hbmserve (hot_standby_min=2)", cluster, arr, config, keep))
-    oracle = next(r for r in results if r.policy == "oracle")
+    oracle = c.oracle
     assert undercut_oracle(results, oracle) == []
+    c.check()
     plan = oracle.detail["oracle"]
     assert oracle.summary.slo_attainment >= plan["aim_slo_attainment"]
     # Not the ceiling itself: the oracle found a cheaper schedule than max_replicas throughout.
