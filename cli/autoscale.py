@@ -66,13 +66,15 @@ def evaluate_cmd(
     frontier: Annotated[Optional[bool], typer.Option(
         "--frontier/--no-frontier", help="also replay a fixed fleet of each size (the static "
         "frontier) and mark the policies it dominates; default: with --policy all")] = None,
+    allow_slo_miss: Annotated[bool, typer.Option("--allow-slo-miss", help="run even when a full engine step "
+                                                 "breaks the TPOT target (max_num_batched_tokens too large)")] = False,
 ) -> None:
     """Replay a trace through the simulated cluster under one scaling policy (or all of them)."""
     from hbmserve.autoscale.registry import POLICIES
     from hbmserve.core.scaling import Tier
     from hbmserve.traces.arrivals import read_trace
 
-    from hbmserve.cli.capacity import slo_check_for, warn_slo
+    from hbmserve.cli.capacity import check_slo, slo_check_for
     from hbmserve.sim.comparison import compare
     from hbmserve.sim.evaluate import TraceScaling, eval_config, load_eval_cluster, scale_trace
     from hbmserve.sim.frontier import frontier_rows
@@ -92,7 +94,7 @@ def evaluate_cmd(
     except user_errors() as err:
         raise fail(str(err)) from None
     check = slo_check_for(cluster.scenario, arr, auto.max_replicas)
-    warn_slo(check, cluster.model_name)
+    check_slo(check, cluster.model_name, allow_slo_miss)
     comparison = compare(names, cluster, arr, auto,
                          frontier=policy == ALL if frontier is None else frontier)
     results, oracle = list(comparison.results), comparison.oracle

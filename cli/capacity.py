@@ -125,6 +125,8 @@ def simulate_cmd(
     startup_cold: Annotated[Optional[float], typer.Option("--startup-cold")] = None,
     catalog: Annotated[Optional[Path], typer.Option("--catalog", help="hardware catalog YAML")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write a time-series PNG")] = None,
+    allow_slo_miss: Annotated[bool, typer.Option("--allow-slo-miss", help="run even when a full engine step "
+                                                 "breaks the TPOT target (max_num_batched_tokens too large)")] = False,
     series: Annotated[Optional[Path], typer.Option("--series", help="write the per-second time series "
                                                    "(and scaling decisions) as JSON")] = None,
 ) -> None:
@@ -160,6 +162,8 @@ def simulate_cmd(
         except user_errors() as err:
             raise fail(str(err)) from None
         binding = PolicyBinding(pol, state, interval, startup_s=startup)
+    check = slo_check_for(sc, arr, m.autoscaling.max_replicas if policy and m.autoscaling else None)
+    check_slo(check, m.name, allow_slo_miss)  # before the run: no fleet rescues a step over TPOT
     cluster = cluster_for(sc)
     with _progress(not json_out) as bar:
         bar.add_task(f"simulating {len(arr)} requests", total=None)
@@ -167,8 +171,6 @@ def simulate_cmd(
         result = simulate(cluster, arr, binding)
         wall = time.perf_counter() - t0
     s = result.summary
-    check = slo_check_for(sc, arr, m.autoscaling.max_replicas if policy and m.autoscaling else None)
-    warn_slo(check, m.name)
     out = {**s.to_json_dict(), "sim_wall_s": wall, "model": m.name, "gpu": sc.deployment.gpu.name,
            "model_shape": sc.deployment.model.name, "tp": sc.deployment.tp, "pp": sc.deployment.pp,
            "replicas": sc.replicas, "usd_per_gpu_hour": sc.usd_per_gpu_hour, **check.to_json_dict()}
@@ -200,8 +202,13 @@ def slo_check_for(sc: Any, arr: Any, max_replicas: int | None) -> Any:
     return scenario_slo_check(sc, w, w.peak_rps / max_replicas if max_replicas else LIGHT_RPS)
 
 
-def warn_slo(check: Any, model_name: str) -> None:
-    """One stderr line when the SLO cannot be met, or holds only at light load per replica."""
+def check_slo(check: Any, model_name: str, allow_slo_miss: bool) -> None:
+    """Exit 2 when the engine budget breaks the TPOT target whatever the fleet (unless
+    `allow_slo_miss`); otherwise one stderr line when the SLO cannot be met, or holds only at
+    light load per replica."""
+    refusal = check.budget_refusal(f"models.{model_name}.engine_settings.max_num_batched_tokens")
+    if refusal and not allow_slo_miss:
+        raise fail(refusal)
     if check.blocker:
         typer.echo(f"warning: models.{model_name}: cannot meet its SLO at any replica count: {check.blocker}",
                    err=True)

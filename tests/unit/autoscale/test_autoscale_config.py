@@ -29,7 +29,7 @@ from hbmserve.apps.options import model_options
 
 MODEL = {
     "name": "m70", "source": "meta-llama/Llama-3.1-70B-Instruct", "engine": "vllm-gpu",
-    "engine_settings": {"max_model_len": 8192, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
+    "engine_settings": {"max_model_len": 8192, "max_num_seqs": 64, "max_num_batched_tokens": 1024},
     "parallelism": {"tp": 4},
     "slo": {"ttft_p95_ms": 1500, "tpot_p95_ms": 80},
     "hardware": {"gpu": "h100-sxm"},

@@ -108,3 +108,17 @@ def test_slo_check_blocks_when_even_the_lightest_load_misses():
     # A TPOT target under one decode step is blocked at any load, with the reason.
     tight = slo_check(COST, EngineKnobs(128, 1024, True, KV), CODE, 2.0, 0.005)
     assert not tight.feasible and "p95 TPOT" in tight.blocker and "one request at a time" in tight.blocker
+
+
+def test_a_budget_whose_full_step_breaks_tpot_is_refused_with_the_one_that_fits():
+    # Feasible on paper (light load hides the step), refused all the same: no fleet fixes a
+    # step over the TPOT target (issue 27, requirement 3).
+    check = slo_check(COST, EngineKnobs(128, 8192, True, KV), CODE, 2.0, 0.1, lightest_rps=CODE.peak_rps / 16)
+    refusal = check.budget_refusal("models.m.engine_settings.max_num_batched_tokens")
+    assert check.feasible and refusal.startswith("models.m.engine_settings.max_num_batched_tokens: ")
+    assert f"set it to <= {check.budget_for_tpot:,}" in refusal and "8,192-token chunk" in refusal
+    fits = slo_check(COST, EngineKnobs(128, check.budget_for_tpot, True, KV), CODE, 2.0, 0.1, CODE.peak_rps / 16)
+    assert fits.budget_refusal("f") is None
+    # Even the decodes alone over TPOT: the fix is the batch, not the chunk.
+    crowded = slo_check(COST, EngineKnobs(128, 8192, True, KV), CODE, 2.0, 0.001)
+    assert "lower max_num_seqs" in crowded.budget_refusal("f")

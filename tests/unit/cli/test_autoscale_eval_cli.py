@@ -217,16 +217,30 @@ def test_burst_trace_bad_shape_is_a_one_line_error(app, tmp_path):
     assert_one_line_error(r, "do not fit")
 
 
-def test_evaluate_says_whether_the_config_can_meet_its_slo(app, trace):
-    # The reference cluster's 8,192-token budget: a decode step carrying a full chunk takes ~0.59 s
-    # against a 0.1 s TPOT target. Spread over 16 replicas this trace's load is light enough to hide
-    # it (feasible), and stderr says which budget would hold the target at any load.
-    r = run(app, "evaluate", "--trace", str(trace), "--policy", "static-peak", "--json")
+def test_an_engine_budget_that_breaks_tpot_is_refused_before_any_fleet(app, trace, tmp_path):
+    # The reference cluster as it shipped before: an 8,192-token budget, a decode step carrying a
+    # full chunk ~0.59 s against a 0.1 s TPOT target. No replica count fixes that, so evaluate
+    # refuses it, naming the field and the budget that fits (issue 27, requirement 3).
+    from importlib import resources
+
+    text = resources.files("hbmserve.sim").joinpath("data", "reference_cluster.yaml").read_text()
+    cfg = tmp_path / "big-budget.yaml"
+    cfg.write_text(text.replace("max_num_batched_tokens: 1024", "max_num_batched_tokens: 8192"))
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "static-peak", "--json", "--config", str(cfg))
+    assert_one_line_error(r, "models.llama-3.1-70b.engine_settings.max_num_batched_tokens: a decode step carrying "
+                          "a full 8,192-token chunk takes 0.5")
+    assert "set it to <= 1," in r.stderr and "--allow-slo-miss" in r.stderr
+    # Asked to run anyway, it runs: feasible on paper at light load, with the advice on stderr.
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "static-peak", "--json", "--config", str(cfg),
+            "--allow-slo-miss")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["slo_feasible"] is True and out["slo_blocker"] is None
-    assert "chunk of 8,192 tokens take 0.5" in r.stderr and "lower max_num_batched_tokens to <=" in r.stderr
-    assert out["max_num_batched_tokens_for_tpot"] < 8192
+    assert out["slo_feasible"] is True and out["max_num_batched_tokens_for_tpot"] < 8192
+    assert "chunk of 8,192 tokens take 0.5" in r.stderr
+    # The reference cluster now ships a budget that fits: nothing to say.
+    r = run(app, "evaluate", "--trace", str(trace), "--policy", "static-peak", "--json")
+    assert r.exit_code == 0 and "max_num_batched_tokens" not in r.stderr, r.output
+    assert json.loads(r.stdout)["chunk_step_s"] <= 0.1
 
 
 def test_evaluate_all_carries_the_slo_verdict_with_the_settings(app, trace, tmp_path):

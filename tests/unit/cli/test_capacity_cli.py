@@ -21,7 +21,7 @@ models:
   - name: m70
     source: meta-llama/Llama-3.1-70B-Instruct
     engine: vllm-gpu
-    engine_settings: {max_model_len: 4096, max_num_seqs: 64, max_num_batched_tokens: 2048}
+    engine_settings: {max_model_len: 4096, max_num_seqs: 64, max_num_batched_tokens: 1024}
     parallelism: {tp: 4}
     replicas: 2
     hardware: {gpu: h100-sxm, usd_per_gpu_hour: 2.0}
@@ -61,16 +61,24 @@ def test_simulate_json_contract(app, files):
 
 def test_simulate_says_whether_the_config_can_meet_its_slo_and_which_budget_would(app, files, tmp_path):
     cfg, trace = files
-    r = CliRunner().invoke(app, ["simulate", "--config", str(cfg), "--trace", str(trace), "--json"])
+    big = tmp_path / "big.yaml"
+    big.write_text(CLUSTER.replace("max_num_batched_tokens: 1024", "max_num_batched_tokens: 2048"))
+    # 2,048-token chunks on a 70B TP4 replica take ~0.14 s per step: over the 0.1 s TPOT target,
+    # which no replica count fixes: refused before the run, naming the budget that fits.
+    r = CliRunner().invoke(app, ["simulate", "--config", str(big), "--trace", str(trace), "--json"])
+    assert r.exit_code == 2 and "models.m70.engine_settings.max_num_batched_tokens" in r.output, r.output
+    assert "set it to <= 1," in r.output and "--allow-slo-miss" in r.output
+    # Asked to run anyway: one request at a time meets it, so feasible, with the warning.
+    r = CliRunner().invoke(app, ["simulate", "--config", str(big), "--trace", str(trace), "--json",
+                                 "--allow-slo-miss"])
     out = json.loads(r.stdout)
-    # 2,048-token chunks on a 70B TP4 replica take ~0.15 s per step: over the 0.1 s TPOT, yet one
-    # request at a time meets it, so: feasible, with a warning naming the budget that holds it.
     assert out["slo_feasible"] is True and out["slo_blocker"] is None and out["chunk_step_s"] > 0.1
     cap = out["max_num_batched_tokens_for_tpot"]
     assert 1024 <= cap < 2048 and f"lower max_num_batched_tokens to <= {cap:,}" in r.stderr
     tight = tmp_path / "tight.yaml"
     tight.write_text(CLUSTER.replace("tpot_p95_ms: 100", "tpot_p95_ms: 5"))
-    r = CliRunner().invoke(app, ["simulate", "--config", str(tight), "--trace", str(trace), "--json"])
+    r = CliRunner().invoke(app, ["simulate", "--config", str(tight), "--trace", str(trace), "--json",
+                                 "--allow-slo-miss"])
     out = json.loads(r.stdout)
     assert out["slo_feasible"] is False and "p95 TPOT" in out["slo_blocker"]
     assert "cannot meet its SLO at any replica count" in r.stderr
