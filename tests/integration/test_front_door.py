@@ -19,44 +19,12 @@ import httpx
 import pytest
 
 from hbmserve.cluster import ray_cluster as rc
-from hbmserve.core.config import parse_cluster_spec
+from tests.integration.front_door_cluster import (ADMIN, ADMIN_H, C_TOKENS_PER_MINUTE, KEY_A, KEY_B, KEY_C, KEY_D,
+                                                  PORT, A, keys_text, cluster_spec)
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[cpu]')")
 
 pytestmark = pytest.mark.integration
-
-PORT = 18400
-KEY_A, KEY_B, ADMIN = "tenant-a-key-0123456789", "tenant-b-key-0123456789", "admin-token-0123456789"
-A, B = {"authorization": f"Bearer {KEY_A}"}, {"authorization": f"Bearer {KEY_B}"}
-ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
-KEY_C, KEY_D = "tenant-c-key-0123456789", "tenant-d-key-0123456789"
-C_TOKENS_PER_MINUTE = 3000  # team-c's limit: for the whole cluster, whichever doors its clients reach
-# 2x real time: a token every ~3.5 ms, so a long stream lasts seconds (long enough to kill its
-# replica mid-way) while a short request takes ~0.1 s.
-SIM = {"gpu": "h100-sxm", "model_config_name": "llama-3.1-8b", "speedup": 2.0}
-
-
-def _spec(keys_file, admin_file):
-    return parse_cluster_spec({
-        "name": "hbmserve-frontdoor-test",
-        # Every client of these tests is 127.0.0.1: the per-address socket cap (64) would count
-        # a hundred test clients as one (tests/unit/wire/test_connection_caps.py tests that cap).
-        "serve": {"http": {"host": "127.0.0.1", "port": PORT, "header_timeout_s": 2, "body_timeout_s": 2,
-                           "max_body_bytes": 65536, "max_connections_per_client": 4096},
-                  "auth": {"keys_file": str(keys_file), "admin_token_file": str(admin_file)}},
-        "models": [
-            {"name": "sim-a", "source": "sim", "engine": "sim", "replicas": 2, "sim": SIM, "max_replicas_per_node": 1,
-             "engine_settings": {"max_model_len": 2048, "max_num_seqs": 4}},
-            {"name": "sim-b", "source": "sim", "engine": "sim", "replicas": 1, "sim": SIM,
-             "engine_settings": {"max_model_len": 2048, "max_num_seqs": 4}},
-        ]})
-
-
-def _keys_text(team_c_key: str) -> str:
-    return (f"tenants:\n  - {{name: team-a, keys: ['{KEY_A}'], priority: 1}}\n"
-            f"  - {{name: team-b, keys: ['{KEY_B}'], requests_per_minute: 600}}\n"
-            f"  - {{name: team-c, keys: ['{team_c_key}'], tokens_per_minute: {C_TOKENS_PER_MINUTE}}}\n")
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
@@ -65,14 +33,14 @@ def cluster(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("frontdoor-auth")
     keys, admin = d / "keys.yaml", d / "admin-token"
-    keys.write_text(_keys_text(KEY_C))
+    keys.write_text(keys_text(KEY_C))
     admin.write_text(ADMIN + "\n")
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         workers = [c.add_node(num_cpus=1) for _ in range(2)]
         c.wait_for_nodes(timeout=60)
         rc.connect(c.address)
-        spec = _spec(keys, admin)
+        spec = cluster_spec(keys, admin)
         endpoints = rc.deploy(spec)  # returns once every model has a replica the front door reaches
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (
@@ -322,7 +290,7 @@ def test_three_doors_together_admit_one_tenants_limit(cluster):
 def test_a_rotated_key_takes_effect_on_every_door_within_10_s(cluster):
     """The keys file rewritten (as a Kubernetes Secret update does): team-c's old key revoked and
     a new one issued, no restart."""
-    cluster["keys"].write_text(_keys_text(KEY_D))
+    cluster["keys"].write_text(keys_text(KEY_D))
     written, old, new = time.monotonic(), {"authorization": f"Bearer {KEY_C}"}, {"authorization": f"Bearer {KEY_D}"}
     pending = {d.own_url for d in _doors()}
     while pending:

@@ -1,0 +1,37 @@
+"""The cluster tests/integration/test_front_door.py serves: its config, keys and tenants."""
+
+from __future__ import annotations
+
+from hbmserve.core.config import parse_cluster_spec
+
+PORT = 18400
+KEY_A, KEY_B, ADMIN = "tenant-a-key-0123456789", "tenant-b-key-0123456789", "admin-token-0123456789"
+A, B = {"authorization": f"Bearer {KEY_A}"}, {"authorization": f"Bearer {KEY_B}"}
+ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
+KEY_C, KEY_D = "tenant-c-key-0123456789", "tenant-d-key-0123456789"
+C_TOKENS_PER_MINUTE = 3000  # team-c's limit: for the whole cluster, whichever doors its clients reach
+# 2x real time: a token every ~3.5 ms, so a long stream lasts seconds (long enough to kill its
+# replica mid-way) while a short request takes ~0.1 s.
+SIM = {"gpu": "h100-sxm", "model_config_name": "llama-3.1-8b", "speedup": 2.0}
+
+
+def cluster_spec(keys_file, admin_file):
+    return parse_cluster_spec({
+        "name": "hbmserve-frontdoor-test",
+        # Every client of these tests is 127.0.0.1: the per-address socket cap (64) would count
+        # a hundred test clients as one (tests/unit/wire/test_connection_caps.py tests that cap).
+        "serve": {"http": {"host": "127.0.0.1", "port": PORT, "header_timeout_s": 2, "body_timeout_s": 2,
+                           "max_body_bytes": 65536, "max_connections_per_client": 4096},
+                  "auth": {"keys_file": str(keys_file), "admin_token_file": str(admin_file)}},
+        "models": [
+            {"name": "sim-a", "source": "sim", "engine": "sim", "replicas": 2, "sim": SIM, "max_replicas_per_node": 1,
+             "engine_settings": {"max_model_len": 2048, "max_num_seqs": 4}},
+            {"name": "sim-b", "source": "sim", "engine": "sim", "replicas": 1, "sim": SIM,
+             "engine_settings": {"max_model_len": 2048, "max_num_seqs": 4}},
+        ]})
+
+
+def keys_text(team_c_key: str) -> str:
+    return (f"tenants:\n  - {{name: team-a, keys: ['{KEY_A}'], priority: 1}}\n"
+            f"  - {{name: team-b, keys: ['{KEY_B}'], requests_per_minute: 600}}\n"
+            f"  - {{name: team-c, keys: ['{team_c_key}'], tokens_per_minute: {C_TOKENS_PER_MINUTE}}}\n")
