@@ -1,5 +1,5 @@
-"""`hbmserve autoscale ...`: evaluate scaling policies in the simulator, make a burst trace or a
-prompt-heavy (code completion) one.
+"""`hbmserve autoscale ...`: evaluate scaling policies in the simulator, make a synthetic trace
+(sharp bursts, prompt-heavy code completion, heavy-tailed lulls and bursts, bursty diurnal).
 
 Registered through `register(app)`. Heavy imports (numpy, the simulator, matplotlib) happen
 inside the commands so `hbmserve --help` stays fast. Bad input prints one `error: ...` line and
@@ -209,10 +209,20 @@ def _print_frontier(c: Any, results: list[Any], comparison: Any, oracle: Any) ->
             + ("; ".join(beaten) if beaten else "none"))
 
 
+# Options every trace writer takes, and the mean overrides of the ones with a length mix.
+TraceOut = Annotated[Path, typer.Option("--out", help="CSV file to write (Azure layout)")]
+Seed = Annotated[int, typer.Option("--seed")]
+Duration = Annotated[float, typer.Option("--duration", help="seconds")]
+MixPromptTokens = Annotated[Optional[float], typer.Option("--prompt-tokens", help="mean; default: "
+                                                          "the mix's")]
+MixOutputTokens = Annotated[Optional[float], typer.Option("--output-tokens", help="mean; default: "
+                                                          "the mix's")]
+
+
 def burst_trace_cmd(
-    out: Annotated[Path, typer.Option("--out", help="CSV file to write (Azure layout)")],
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    duration: Annotated[float, typer.Option("--duration", help="seconds")] = 3600.0,
+    out: TraceOut,
+    seed: Seed = 0,
+    duration: Duration = 3600.0,
     base_rps: Annotated[float, typer.Option("--base-rps")] = 5.0,
     burst_rps: Annotated[float, typer.Option("--burst-rps")] = 25.0,
     bursts: Annotated[int, typer.Option("--bursts")] = 4,
@@ -223,19 +233,16 @@ def burst_trace_cmd(
     """Write a synthetic trace with sharp bursts (see traces/burst_trace.py)."""
     from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals
 
-    try:
-        spec = BurstSpec(duration_s=duration, base_rps=base_rps, burst_rps=burst_rps,
-                         bursts=bursts, burst_s=burst_s, prompt_tokens=prompt_tokens,
-                         output_tokens=output_tokens)
-    except ValueError as err:
-        raise fail(str(err)) from None
+    spec = _spec(BurstSpec, duration_s=duration, base_rps=base_rps, burst_rps=burst_rps,
+                 bursts=bursts, burst_s=burst_s, prompt_tokens=prompt_tokens,
+                 output_tokens=output_tokens)
     _write_trace(burst_arrivals(spec, seed), out, duration)
 
 
 def code_trace_cmd(
-    out: Annotated[Path, typer.Option("--out", help="CSV file to write (Azure layout)")],
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    duration: Annotated[float, typer.Option("--duration", help="seconds")] = 3600.0,
+    out: TraceOut,
+    seed: Seed = 0,
+    duration: Duration = 3600.0,
     base_rps: Annotated[float, typer.Option("--base-rps")] = 4.0,
     peak_rps: Annotated[float, typer.Option("--peak-rps", help="top of the swell")] = 12.0,
     spikes: Annotated[int, typer.Option("--spikes")] = 2,
@@ -245,13 +252,63 @@ def code_trace_cmd(
     """Write a synthetic prompt-heavy (code completion) trace (see traces/code_trace.py)."""
     from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals
 
+    spec = _spec(CodeTraceSpec, duration_s=duration, base_rps=base_rps, peak_rps=peak_rps,
+                 spikes=spikes, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    _write_trace(code_arrivals(spec, seed), out, duration)
+
+
+def lulls_trace_cmd(
+    out: TraceOut,
+    seed: Seed = 0,
+    duration: Duration = 3600.0,
+    lull_rps: Annotated[float, typer.Option("--lull-rps")] = 1.0,
+    burst_rps: Annotated[float, typer.Option("--burst-rps", help="mean burst height")] = 10.0,
+    lull_s: Annotated[float, typer.Option("--lull-seconds", help="mean lull")] = 180.0,
+    burst_s: Annotated[float, typer.Option("--burst-seconds", help="mean burst")] = 90.0,
+    mix: Annotated[str, typer.Option("--mix", help="prompt-heavy or chat")] = "prompt-heavy",
+    diurnal_amplitude: Annotated[float, typer.Option("--diurnal-amplitude", help="0 to 1")] = 0.0,
+    diurnal_period: Annotated[float, typer.Option("--diurnal-period", help="seconds")] = 86400.0,
+    prompt_tokens: MixPromptTokens = None,
+    output_tokens: MixOutputTokens = None,
+) -> None:
+    """Write a synthetic trace of heavy-tailed lulls and bursts (see traces/lulls_trace.py)."""
+    from hbmserve.traces.lulls_trace import LullsTraceSpec, lulls_arrivals
+
+    spec = _spec(LullsTraceSpec, duration_s=duration, lull_rps=lull_rps, burst_rps=burst_rps,
+                 lull_s=lull_s, burst_s=burst_s, mix=mix, diurnal_amplitude=diurnal_amplitude,
+                 diurnal_period_s=diurnal_period, prompt_tokens=prompt_tokens,
+                 output_tokens=output_tokens)
+    _write_trace(lulls_arrivals(spec, seed), out, duration)
+
+
+def diurnal_trace_cmd(
+    out: TraceOut,
+    seed: Seed = 0,
+    duration: Duration = 3600.0,
+    base_rps: Annotated[float, typer.Option("--base-rps", help="the swell's mean")] = 4.0,
+    amplitude: Annotated[float, typer.Option("--amplitude", help="0 to 1, of base")] = 0.5,
+    period: Annotated[Optional[float], typer.Option("--period", help="seconds; default: "
+                                                    "the duration")] = None,
+    bursts: Annotated[int, typer.Option("--bursts")] = 4,
+    mix: Annotated[str, typer.Option("--mix", help="chat or prompt-heavy")] = "chat",
+    prompt_tokens: MixPromptTokens = None,
+    output_tokens: MixOutputTokens = None,
+) -> None:
+    """Write a synthetic diurnal trace with bursts on the swell (see traces/diurnal_trace.py)."""
+    from hbmserve.traces.diurnal_trace import DiurnalTraceSpec, diurnal_arrivals
+
+    spec = _spec(DiurnalTraceSpec, duration_s=duration, base_rps=base_rps, amplitude=amplitude,
+                 period_s=period, bursts=bursts, mix=mix, prompt_tokens=prompt_tokens,
+                 output_tokens=output_tokens)
+    _write_trace(diurnal_arrivals(spec, seed), out, duration)
+
+
+def _spec(cls: Any, **fields: Any) -> Any:
+    """`cls(**fields)`, its ValueError a one-line error."""
     try:
-        spec = CodeTraceSpec(duration_s=duration, base_rps=base_rps, peak_rps=peak_rps,
-                             spikes=spikes, prompt_tokens=prompt_tokens,
-                             output_tokens=output_tokens)
+        return cls(**fields)
     except ValueError as err:
         raise fail(str(err)) from None
-    _write_trace(code_arrivals(spec, seed), out, duration)
 
 
 def _write_trace(arr: Any, out: Path, duration: float) -> None:
@@ -269,4 +326,6 @@ def register(app: typer.Typer) -> None:
     sub.command("evaluate")(evaluate_cmd)
     sub.command("burst-trace")(burst_trace_cmd)
     sub.command("code-trace")(code_trace_cmd)
+    sub.command("lulls-trace")(lulls_trace_cmd)
+    sub.command("diurnal-trace")(diurnal_trace_cmd)
     app.add_typer(sub, name="autoscale")

@@ -8,6 +8,7 @@ pure (same seed, same arrivals).
 from __future__ import annotations
 
 import csv
+from datetime import datetime
 import json
 import os
 from collections.abc import Iterator
@@ -69,23 +70,43 @@ def _finish(t: list[float], p: list[int], o: list[int], hs: list[tuple[int, ...]
                     np.asarray(o, dtype=np.int64)[order], hashes)
 
 
+# The Azure LLM inference dataset's CSVs as published (AzurePublicDataset, 2023/2024):
+# a wall-clock TIMESTAMP with 7 fractional digits, ContextTokens, GeneratedTokens.
+AZURE_RAW_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+CSV_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+
+
+def _azure_seconds(stamp: str) -> float:
+    # Python's ISO parser takes at most 6 fractional digits; naive times are read as given
+    # (no local time zone, so no daylight-saving jump inside a trace).
+    day, _, frac = stamp.strip().partition(".")
+    whole = (datetime.fromisoformat(day) - datetime(1970, 1, 1)).total_seconds()
+    return whole + (float("0." + frac) if frac else 0.0)
+
+
 def read_csv_trace(path: str | os.PathLike[str]) -> Arrivals:
-    """CSV with columns arrived_at, num_prefill_tokens, num_decode_tokens (Vidur / Azure layout)."""
+    """CSV with columns arrived_at (s), num_prefill_tokens, num_decode_tokens (the Vidur /
+    converted Azure layout), or the Azure dataset's own TIMESTAMP, ContextTokens,
+    GeneratedTokens. Either way sorted and re-based to the first arrival."""
     p = Path(path)
     t: list[float] = []
     pr: list[int] = []
     out: list[int] = []
     with p.open(newline="") as f:
         reader = csv.DictReader(f)
-        need = {"arrived_at", "num_prefill_tokens", "num_decode_tokens"}
-        missing = need - set(reader.fieldnames or ())
+        header = set(reader.fieldnames or ())
+        columns = AZURE_RAW_COLUMNS if set(AZURE_RAW_COLUMNS) <= header else CSV_COLUMNS
+        when = _azure_seconds if columns is AZURE_RAW_COLUMNS else float
+        missing = set(columns) - header
         if missing:
-            raise TraceError(f"trace {p}: missing column(s) {', '.join(sorted(missing))}")
+            raise TraceError(f"trace {p}: missing column(s) {', '.join(sorted(missing))} (or "
+                             f"the Azure dataset's {', '.join(AZURE_RAW_COLUMNS)})")
+        at, prompt, output = columns
         for line, row in enumerate(reader, start=2):
             try:
-                t.append(float(row["arrived_at"]))
-                pr.append(int(float(row["num_prefill_tokens"])))
-                out.append(int(float(row["num_decode_tokens"])))
+                t.append(when(row[at]))
+                pr.append(int(float(row[prompt])))
+                out.append(int(float(row[output])))
             except (TypeError, ValueError):
                 raise TraceError(f"trace {p} line {line}: not a number in {row}") from None
     return _finish(t, pr, out, None, str(p))

@@ -1,5 +1,6 @@
-"""`hbmserve autoscale evaluate` and `burst-trace` through typer's CliRunner: the JSON contract,
-exit codes and one-line errors."""
+"""`hbmserve autoscale evaluate` and the trace writers (`burst-trace`, `code-trace`,
+`lulls-trace`, `diurnal-trace`) through typer's CliRunner: the JSON contract, exit codes and
+one-line errors."""
 
 from __future__ import annotations
 
@@ -281,3 +282,42 @@ def test_code_trace_writes_the_seeded_generator_s_requests(app, tmp_path):
     assert got.prompt.tolist() == want.prompt.tolist()
     assert_one_line_error(run(app, "code-trace", "--out", str(path), "--peak-rps", "1"),
                           "peak_rps")
+
+
+def test_lulls_trace_writes_the_seeded_generator_s_requests(app, tmp_path):
+    from hbmserve.traces.arrivals import read_trace
+    from hbmserve.traces.lulls_trace import LullsTraceSpec, lulls_arrivals
+
+    path = tmp_path / "lulls.csv"
+    r = run(app, "lulls-trace", "--out", str(path), "--seed", "4", "--duration", "600",
+            "--lull-rps", "0.5", "--burst-rps", "6", "--lull-seconds", "120", "--burst-seconds",
+            "60", "--mix", "chat", "--diurnal-amplitude", "0.3", "--diurnal-period", "600")
+    assert r.exit_code == 0, r.output
+    want = lulls_arrivals(LullsTraceSpec(duration_s=600.0, lull_rps=0.5, burst_rps=6.0,
+                                         lull_s=120.0, burst_s=60.0, mix="chat",
+                                         diurnal_amplitude=0.3, diurnal_period_s=600.0), seed=4)
+    got = read_trace(path)
+    assert len(got) == len(want) and f"{len(want)} requests" in r.stdout
+    assert got.prompt.tolist() == want.prompt.tolist()
+    assert got.output.tolist() == want.output.tolist()
+    assert_one_line_error(run(app, "lulls-trace", "--out", str(path), "--burst-rps", "0.5"),
+                          "burst_rps")
+    assert_one_line_error(run(app, "lulls-trace", "--out", str(path), "--mix", "code"),
+                          "mix 'code'", "prompt-heavy", "chat")
+
+
+def test_diurnal_trace_writes_the_seeded_generator_s_requests(app, tmp_path):
+    from hbmserve.traces.arrivals import read_trace
+    from hbmserve.traces.diurnal_trace import DiurnalTraceSpec, diurnal_arrivals
+
+    path = tmp_path / "diurnal.csv"
+    r = run(app, "diurnal-trace", "--out", str(path), "--seed", "2", "--duration", "900",
+            "--base-rps", "2", "--bursts", "2", "--period", "450", "--mix", "prompt-heavy")
+    assert r.exit_code == 0, r.output
+    want = diurnal_arrivals(DiurnalTraceSpec(duration_s=900.0, base_rps=2.0, bursts=2,
+                                             period_s=450.0, mix="prompt-heavy"), seed=2)
+    got = read_trace(path)
+    assert len(got) == len(want) and f"{len(want)} requests" in r.stdout
+    assert got.prompt.tolist() == want.prompt.tolist()
+    assert_one_line_error(run(app, "diurnal-trace", "--out", str(path), "--duration", "600",
+                              "--bursts", "3"), "do not fit")

@@ -22,6 +22,20 @@ def test_csv_trace(tmp_path):
     assert a.hashes is None
 
 
+def test_the_azure_dataset_s_own_csv_is_read_as_published(tmp_path):
+    p = tmp_path / "AzureLLMInferenceTrace_code.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:17:03.9799600,4808,10\n"
+                 "2023-11-16 18:17:04.0319600,3180,8\n"
+                 "2023-11-16 18:18:03.9799601,20,1\n")
+    a = read_trace(p)
+    assert a.t == pytest.approx([0.0, 0.052, 60.0000001], abs=1e-6)
+    assert list(a.prompt) == [4808, 3180, 20] and list(a.output) == [10, 8, 1]
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 nonsense,1,1\n")
+    with pytest.raises(TraceError, match="line 2"):
+        read_trace(p)
+
+
 def test_jsonl_trace_with_hash_ids_in_milliseconds(tmp_path):
     p = tmp_path / "t.jsonl"
     rows = [{"timestamp": 1000, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]},
