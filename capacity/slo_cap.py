@@ -133,19 +133,22 @@ class SloCheck:
     budget_for_tpot: int  # the largest max_num_batched_tokens whose full step fits TPOT (0: none)
     tpot_target_s: float = 0.0
     max_num_batched_tokens: int = 0  # the config's
+    prompt_mean: float = 0.0  # the request lengths it was judged at (the workload's means)
+    output_mean: float = 0.0
 
-    def budget_refusal(self, field: str) -> str | None:
+    def budget_refusal(self, field: str, lengths: str = "these request lengths") -> str | None:
         """Why the engine budget must change before any fleet is sized, naming `field` (the
         config path of max_num_batched_tokens) and the budget that fits; None when a full step
         fits the TPOT target. No replica count rescues a step that breaks it: every step that
-        carries a full chunk stalls every decode in the batch that long."""
+        carries a full chunk stalls every decode in the batch that long. `lengths` says what the
+        step was judged at (a trace's lengths, or the nominal request a check without one uses)."""
         if self.chunk_step_s <= self.tpot_target_s:
             return None
         fix = (f"set it to <= {self.budget_for_tpot:,}" if self.budget_for_tpot
                else "even the decodes alone exceed it: lower max_num_seqs")
         return (f"{field}: a decode step carrying a full {self.max_num_batched_tokens:,}-token chunk takes "
-                f"{self.chunk_step_s:.2f} s > the TPOT target {self.tpot_target_s:g} s at these request "
-                f"lengths, whatever the replica count: {fix} (or pass --allow-slo-miss to run anyway)")
+                f"{self.chunk_step_s:.2f} s > the TPOT target {self.tpot_target_s:g} s at {lengths}, "
+                f"whatever the replica count: {fix} (or pass --allow-slo-miss to run anyway)")
 
     def to_json_dict(self) -> dict[str, object]:
         return {"slo_feasible": self.feasible, "slo_blocker": self.blocker, "slo_advice": self.advice,
@@ -185,4 +188,4 @@ def slo_check(cost: StepCostModel, k: EngineKnobs, w: Workload, slo_ttft_s: floa
     advice = None if problems or step <= slo_tpot_s else (
         f"{chunk_msg}; the SLO then holds only while few steps carry a full chunk (light load per replica)")
     return SloCheck(not problems, "; ".join(problems) or None, advice, rate, e.ttft_p95_s, e.tpot_p95_s,
-                    step, cap, slo_tpot_s, k.max_num_batched_tokens)
+                    step, cap, slo_tpot_s, k.max_num_batched_tokens, w.prompt_mean, w.output_mean)

@@ -267,8 +267,14 @@ def plan_cmd(
     quantization: Annotated[Optional[str], typer.Option("--quantization", help="weight formats to search, "
                                                         "comma list of bf16, fp8, int8, int4 (default: bf16,fp8, "
                                                         "the formats without a known quality loss)")] = None,
+    emit_config: Annotated[Optional[Path], typer.Option("--emit-config", help="write the first plan as a cluster "
+                                                        "config that autoscale evaluate, up and deploy take")] = None,
+    source: Annotated[Optional[str], typer.Option("--source", help="the model's weights in that config (hub id or "
+                                                  "folder); default: the --model folder")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing --emit-config file")] = False,
 ) -> None:
     """Search GPU x TP x PP x quantisation x engine knobs x replicas for the cheapest plan meeting the SLO."""
+    from hbmserve.cli import plan_emit
     from hbmserve.core.config import SloSeconds
     from hbmserve.capacity.hardware import load_catalog
     from hbmserve.capacity.model_shape import load_model_shape
@@ -279,6 +285,9 @@ def plan_cmd(
         raise fail("give exactly one of --rate RPS or --trace FILE")
     if slo_ttft_p95 <= 0 or slo_tpot_p95 <= 0:
         raise fail("--slo-ttft-p95 and --slo-tpot-p95 must be > 0")
+    if emit_config is not None:
+        plan_emit.check_target(emit_config, force)
+        refs = plan_emit.model_refs(model, source)
     try:
         cat = load_catalog(catalog)
         for item in price or []:
@@ -315,7 +324,15 @@ def plan_cmd(
     if not result.feasible:
         if not json_out:
             typer.echo("no confirmed plan meets the SLO; the first row is the closest", err=True)
+        if emit_config is not None:
+            typer.echo(f"no config written to {emit_config}: it would not meet the SLO", err=True)
         raise typer.Exit(EXIT_INFEASIBLE)
+    if emit_config is not None:
+        first = result.plans[0]
+        target = plan_emit.target_for(first, shape.name, refs, slo, cat)
+        command = plan_emit.plan_command(model, trace, rate, slo, gpus, emit_config)
+        line = plan_emit.write_plan_config(emit_config, force, first, target, arr, cat, command, trace)
+        typer.echo(line, err=json_out)  # with --json, stdout holds only the JSON
 
 
 def _quantizations(text: str) -> tuple[str | None, ...]:

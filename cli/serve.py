@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from hbmserve.cli.user_errors import EXIT_FAILED, fail
-from hbmserve.cluster.checks import load_deployable, slo_warnings
+from hbmserve.cluster.checks import load_deployable, slo_findings
 from hbmserve.cluster.tiny_model import TinyModelShape
 from hbmserve.core.config import ClusterSpec, ConfigError
 from hbmserve.core.engine_settings import EngineKind
@@ -54,14 +54,23 @@ def model_tiny(
     out.print(f"[green]wrote[/] {out_dir}")
 
 
-def _load(config: Optional[Path]) -> ClusterSpec:
+ALLOW_SLO_MISS_HELP = ("Serve even when a decode step carrying a full prefill chunk breaks a model's TPOT "
+                       "target (max_num_batched_tokens too large for it); it is then a warning.")
+
+
+def _load(config: Optional[Path], allow_slo_miss: bool) -> ClusterSpec:
+    """The deployable config, or exit 2 before anything starts: a bad field, or an engine budget
+    whose full step breaks the TPOT target (no replica count rescues it) unless `allow_slo_miss`."""
     try:
         spec = load_deployable(config)
     except ConfigError as e:
         # soft_wrap: one line per field, as the README shows, not re-wrapped at the terminal width.
         err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    for line in slo_warnings(spec):
+    found = slo_findings(spec)
+    if found.refusals and not allow_slo_miss:
+        raise fail("\n  ".join(found.refusals))
+    for line in found.warnings:
         err.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
     return spec
 
@@ -130,12 +139,13 @@ def up(
     config: Optional[Path] = typer.Argument(None, help="Cluster config YAML; default: the tiny model on vLLM-CPU."),
     detach: bool = typer.Option(False, help="Return after deploying instead of serving until Ctrl-C."),
     insecure: bool = typer.Option(False, "--insecure", help=INSECURE_HELP),
+    allow_slo_miss: bool = typer.Option(False, "--allow-slo-miss", help=ALLOW_SLO_MISS_HELP),
 ) -> None:
     """Start a local Ray head (or use RAY_ADDRESS), deploy, and serve until Ctrl-C."""
     from hbmserve.cluster import ray_auth
     from hbmserve.cluster import local_head as lh, ray_cluster as rc
 
-    spec = _load(config)
+    spec = _load(config, allow_slo_miss)
     own_head = not os.environ.get("RAY_ADDRESS")
     # Ray's auth is judged only for a head this command starts; another cluster's is its owner's.
     _check_exposure(spec, insecure, ray_auth=ray_auth.head_auth_on() or not own_head)
@@ -246,11 +256,12 @@ def down() -> None:
 def deploy(
     config: Path = typer.Argument(..., help="Cluster config YAML."),
     insecure: bool = typer.Option(False, "--insecure", help=INSECURE_HELP),
+    allow_slo_miss: bool = typer.Option(False, "--allow-slo-miss", help=ALLOW_SLO_MISS_HELP),
 ) -> None:
     """Deploy onto an existing cluster (RAY_ADDRESS); this is what `ray job submit` runs."""
     from hbmserve.cluster import ray_cluster as rc
 
-    spec = _load(config)
+    spec = _load(config, allow_slo_miss)
     _check_exposure(spec, insecure, ray_auth=True)
     try:
         rc.connect(None)

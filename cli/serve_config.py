@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 import yaml
 
-from hbmserve.cli.serve import _load
+from hbmserve.cli.serve import ALLOW_SLO_MISS_HELP, _load
 from hbmserve.apps.declarative import DEFAULT_INTERNAL_TOKEN_FILE, serve_config
 
 
@@ -19,9 +19,10 @@ def serve_config_command(
                                                  "the config names the file, never the token."),
     front_door_replicas: int = typer.Option(1, "--front-door-replicas", min=1,
                                             help="Front doors to run, one per Ray node."),
+    allow_slo_miss: bool = typer.Option(False, "--allow-slo-miss", help=ALLOW_SLO_MISS_HELP),
 ) -> None:
     """Print the Serve config (YAML for `serve deploy`) that deploys CONFIG as `hbmserve deploy` would."""
-    spec = _load(config)
+    spec = _load(config, allow_slo_miss)
     typer.echo(yaml.safe_dump(serve_config(spec, internal_token_file, front_door_replicas), sort_keys=False), nl=False)
 
 

@@ -5,11 +5,16 @@ one error naming its field, not a replica that fails a minute later."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hbmserve.core.config import ClusterSpec, ConfigError, ModelSpec, load_cluster_spec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.placement.cluster_file import TopologyFileError, load_cluster_file
+
+if TYPE_CHECKING:  # the capacity model imports numpy; `hbmserve --help` stays fast without it
+    from hbmserve.capacity.slo_cap import SloCheck
 
 _VLLM_ENGINES = (EngineKind.VLLM_CPU, EngineKind.VLLM_GPU)
 
@@ -25,30 +30,60 @@ def load_deployable(path: str | os.PathLike[str] | None = None) -> ClusterSpec:
     return spec
 
 
-def slo_warnings(spec: ClusterSpec) -> list[str]:
-    """One line per model whose engine settings cannot meet its SLO whatever the replica count,
-    or hold it only while few decode steps carry a full prefill chunk, with the setting to change
-    (capacity/slo_cap.py). Warnings, not errors: the check knows no traffic, so it judges a
-    nominal request (capacity/scenario.py `nominal_workload`). Models the capacity model cannot
-    cost (unknown GPU or shape, weights that do not fit) are left to the engine to judge."""
+@dataclass(frozen=True)
+class SloFindings:
+    """What `up` and `deploy` find in the models' engine settings against their SLOs
+    (capacity/slo_cap.py), judged at a nominal request: the check knows no traffic
+    (capacity/scenario.py `nominal_workload`)."""
+
+    # One per model whose decode step carrying a full chunk breaks its TPOT target: no replica
+    # count rescues that, so the commands refuse it unless --allow-slo-miss.
+    refusals: tuple[str, ...]
+    # One per model that cannot meet its SLO at any replica count, or holds it only while few
+    # steps carry a full chunk, with the setting to change: printed, never refused.
+    warnings: tuple[str, ...]
+
+
+def deploy_slo_check(m: ModelSpec) -> SloCheck | None:
+    """`m`'s engine settings against its SLO at the nominal request, as `up` and `deploy` judge
+    them; None for a model the capacity model cannot cost (unknown GPU or shape, weights that
+    do not fit): the engine judges those."""
     from hbmserve.capacity.hardware import load_catalog
     from hbmserve.capacity.scenario import nominal_workload, scenario_for, scenario_slo_check
 
-    lines = []
+    if not _shape_known(m):
+        return None
+    try:
+        sc = scenario_for(m, load_catalog())
+    except (ValueError, OSError):  # ScenarioError, CatalogError, ModelConfigError
+        return None
+    return scenario_slo_check(sc, nominal_workload(sc))
+
+
+def slo_findings(spec: ClusterSpec) -> SloFindings:
+    """Each model judged by `deploy_slo_check`; the refusal names the model by name, as `simulate`
+    and `autoscale evaluate` do; the warnings keep the index they always had."""
+    refusals, warnings = [], []
     for i, m in enumerate(spec.models):
-        if not _shape_known(m):
+        check = deploy_slo_check(m)
+        if check is None:
             continue
-        try:
-            sc = scenario_for(m, load_catalog())
-        except (ValueError, OSError):  # ScenarioError, CatalogError, ModelConfigError
-            continue
-        check = scenario_slo_check(sc, nominal_workload(sc))
+        refusal = check.budget_refusal(f"models.{m.name}.engine_settings.max_num_batched_tokens",
+                                       _nominal_lengths(check))
+        if refusal:
+            refusals.append(refusal)
         if check.blocker:
-            lines.append(f"models.{i}.engine_settings: {m.name} cannot meet its SLO at any replica count: "
-                         f"{check.blocker}")
+            warnings.append(f"models.{i}.engine_settings: {m.name} cannot meet its SLO at any replica count: "
+                            f"{check.blocker}")
         elif check.advice:
-            lines.append(f"models.{i}.engine_settings.max_num_batched_tokens: {check.advice}")
-    return lines
+            warnings.append(f"models.{i}.engine_settings.max_num_batched_tokens: {check.advice}")
+    return SloFindings(tuple(refusals), tuple(warnings))
+
+
+def _nominal_lengths(check: SloCheck) -> str:
+    """What `deploy_slo_check` judged, in the words of a refusal."""
+    return (f"a nominal {check.prompt_mean:,.0f}-token prompt and {check.output_mean:,.0f}-token output (no "
+            "trace here)")
 
 
 def _shape_known(m: ModelSpec) -> bool:

@@ -126,7 +126,10 @@ def one_run(router: str, turns: list[Turn], max_tokens: int) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(config(router))
     try:
-        subprocess.run([*hb, "up", "--detach", f.name], check=True, stdout=subprocess.DEVNULL,
+        # The recorded figures ran with a 2,048-token budget, which breaks a 70B TPOT target
+        # under load; what this measures is the prefix cache's TTFT, so run it as recorded.
+        subprocess.run([*hb, "up", "--detach", "--allow-slo-miss", f.name], check=True,
+                       stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         ttfts = asyncio.run(replay(f"http://127.0.0.1:{PORT}", turns, max_tokens))
         time.sleep(1.0)

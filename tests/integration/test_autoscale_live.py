@@ -38,7 +38,7 @@ models:
     source: simulated
     engine: sim
     parallelism: {{tp: 4}}
-    engine_settings: {{max_model_len: 4096, max_num_seqs: 4, max_num_batched_tokens: 2048}}
+    engine_settings: {{max_model_len: 4096, max_num_seqs: 4, max_num_batched_tokens: 1024}}
     sim: {{gpu: h100-sxm, model_config_name: llama-3.1-70b, speedup: 1, startup_s: {LOAD_S}}}
     # Loose: this test is about scaling; the front door's SLO refusals are test_front_door's.
     slo: {{ttft_p95_ms: 10000, tpot_p95_ms: 100}}

@@ -41,7 +41,7 @@ models:
     engine: sim
     replicas: {REPLICAS}
     parallelism: {{tp: 4}}
-    engine_settings: {{max_model_len: 4096, max_num_seqs: 16, max_num_batched_tokens: 2048}}
+    engine_settings: {{max_model_len: 4096, max_num_seqs: 16, max_num_batched_tokens: 1024}}
     sim: {{gpu: h100-sxm, model_config_name: llama-3.1-70b, speedup: 20}}
 """
     )
