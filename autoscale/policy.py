@@ -7,8 +7,10 @@ Pure: no I/O, no wall clock (time is `snapshot.now`). The live adapter
 
 `decide` runs named stages (stages.py), each a pure function of frozen values:
 
-    read_signals      snapshot -> Signals: load, rate trend, p95 TTFT/TPOT, blind/echo muting
-    needs_of          Signals -> Needs: replicas the rate, queue, TTFT, TPOT, ingress ask for
+    read_signals      snapshot -> Signals: load, rate trend, p95 TTFT/TPOT, blind/echo muting,
+                      the burst envelope (envelope.py)
+    needs_of          Signals -> Needs: replicas the rate, queue, TTFT, TPOT, ingress, the burst
+                      envelope ask for
     wish              Needs -> Wish: up-need, down-need, slack, symptom or forecast
     apply_hysteresis  Wish + PolicyState -> Outcome: delays, cool-down, stabilisation floor,
                       max_replicas cap; writes PolicyState
@@ -45,6 +47,12 @@ How a decision is made, each term in the reason string:
   target is at or below `tpot_floor_s` (one sequence decoding alone already takes that long with
   these engine settings) no replica count reaches it, and the TPOT need is 0: chasing it would
   only run the fleet to max_replicas.
+* Burst envelope (envelope.py; off with burst_memory_s 0). How far the rate climbed within
+  each cold-start-long bucket of the last burst_memory_s, and the replicas whose saved misses
+  (slo_miss_usd each) outweigh their idle cost (hot_idle_usd_per_hour) were such a rise to start
+  from the lowest rate now. A replica let go in a lull comes back a cold start later, after the
+  next burst of a bursty service has come and gone: so the envelope is the least a scale-down
+  keeps, and a forecast-only need on the way up (it orders ahead of the next burst).
 * Up: target = max(needs) once the wish has lasted `upscale_delay_s` when a symptom (queue,
   TTFT, TPOT, ingress backlog) asks for it, or `rate_upscale_delay_s` when only the rate forecast
   does: a rate averaged over a window wanders for about that window under a constant load,
@@ -52,7 +60,7 @@ How a decision is made, each term in the reason string:
   scale from zero at once.
 * Down: only when every symptom shows slack (no ingress backlog, queue, p95 TTFT and p95 TPOT
   well under target, KV not full) and the rate fits in fewer replicas at the lower
-  `downscale_utilization`; the gap between the two utilisations is the dead band that stops
+  `downscale_utilization`, never below the burst envelope; the gap between the two utilisations is the dead band that stops
   flapping under a constant noisy load. The wish must persist for `downscale_delay_s` (or
   `scale_to_zero_delay_s` to reach 0), and no scale-down comes within `downscale_cooldown_s`
   of a scale-up, nor before the replicas that scale-up ordered serve: a start, once ordered,
@@ -75,6 +83,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from hbmserve.autoscale.envelope import BurstEnvelope
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.signals import RateTrend
 from hbmserve.autoscale.stages import (apply_hysteresis, explain, hold_pool, needs_of,
@@ -104,6 +113,7 @@ class PolicyState:
     queue_over_at: float | None = None  # last time the queue was over target (TTFT/TPOT echo)
     pool_hot: PoolHold | None = None  # standbys held per tier, after the pool's hysteresis
     pool_warm: PoolHold | None = None
+    envelope: BurstEnvelope | None = None  # the burst envelope learned so far (envelope.py)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, for Ray Serve's policy_state dict."""
@@ -115,6 +125,8 @@ class PolicyState:
         trend = values.get("trend")
         if isinstance(trend, dict):
             values["trend"] = RateTrend(**trend)
+        if isinstance(values.get("envelope"), dict):
+            values["envelope"] = BurstEnvelope.from_dict(values["envelope"])
         for tier in ("pool_hot", "pool_warm"):
             if isinstance(values.get(tier), dict):
                 values[tier] = PoolHold(**values[tier])

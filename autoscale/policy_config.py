@@ -74,6 +74,15 @@ class AutoscaleConfig:
     queue_down_fraction: float = 0.25
     kv_usage_down_max: float = 0.8
     tpot_down_fraction: float = 0.8
+    # The burst envelope (envelope.py): how far the rate rose within each start-up-long bucket
+    # (`burst_bucket_s`, None: startup_cold_s) over this much of the past; the fleet holds the
+    # replicas worth it at the pool's prices (hot_idle_usd_per_hour against slo_miss_usd).
+    # 0 turns it off.
+    burst_memory_s: float = 1800.0
+    burst_bucket_s: float | None = None
+    # How long a peak is taken to last, its backlog's drain included: real bursts last 1-3
+    # minutes. 60 s left misses after every burst the envelope had seen on the Azure code trace.
+    burst_length_s: float = 90.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -93,16 +102,18 @@ class AutoscaleConfig:
             problems.append("need 0 <= startup_hot_s <= startup_warm_s <= startup_cold_s")
         if self.hot_standby_min > self.hot_standby_max or self.warm_pool_min > self.warm_pool_max:
             problems.append("standby bounds: min must be <= max (hot_standby_*, warm_pool_*)")
+        if self.burst_bucket_s is not None and not self.burst_bucket_s > 0:
+            problems.append(f"burst_bucket_s must be > 0 or None, got {self.burst_bucket_s}")
         if self.tpot_p95_target_s is not None and not self.tpot_p95_target_s > 0:
             problems.append(f"tpot_p95_target_s must be > 0 or None, got {self.tpot_p95_target_s}")
         for name in ("ttft_p95_target_s", "target_queue_per_replica", "replica_capacity_rps",
                      "look_back_s", "rate_smoothing_s", "rate_variance_window_s",
-                     "slope_noise_window_s", "backlog_drain_s"):
+                     "slope_noise_window_s", "backlog_drain_s", "burst_length_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
         for name in ("upscale_delay_s", "rate_upscale_delay_s", "downscale_delay_s",
                      "downscale_cooldown_s", "hot_standby_min", "warm_pool_min", "slo_miss_usd",
-                     "hot_idle_usd_per_hour", "warm_idle_usd_per_hour"):
+                     "hot_idle_usd_per_hour", "warm_idle_usd_per_hour", "burst_memory_s"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if problems:
@@ -161,4 +172,6 @@ def autoscale_config_for(model: ModelSpec, estimated_capacity_rps: float | None 
         upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s,
         downscale_cooldown_s=a.downscale_cooldown_s,
         tpot_floor_s=tpot_floor_s,
+        burst_memory_s=a.burst.memory_s, burst_length_s=a.burst.length_s,
+        slo_miss_usd=a.slo_miss_usd,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
+from hbmserve.autoscale.envelope import BurstEnvelope, EnvelopeFloor, burst_floor, observed_envelope
 from hbmserve.autoscale.signals import (Load, RateTrend, latency_need, load_of, p95, queue_need,
                                        update_trend)
 from hbmserve.autoscale.warm_pool import PoolEconomics, PoolHold, PoolSizing, hold_tier, size_pool
@@ -85,6 +86,7 @@ class Signals:
     blind: bool  # the latency samples predate the replicas the last scale-up added
     echo: bool  # the latency samples still carry the wait of a queue over target
     queue_over_at: float | None  # last time the queue was over target
+    envelope: BurstEnvelope | None  # None: the envelope is off (burst_memory_s 0)
 
     @property
     def muted(self) -> bool:
@@ -124,6 +126,7 @@ def read_signals(snapshot: Snapshot, config: AutoscaleConfig, state: PolicyState
         blind=state.latency_blind_until is not None and now < state.latency_blind_until,
         echo=queue_over_at is not None and now - queue_over_at < config.look_back_s,
         queue_over_at=queue_over_at,
+        envelope=observed_envelope(state.envelope, now, snapshot.arrival_rate_rps, config),
     )
 
 
@@ -136,6 +139,7 @@ class Needs:
     ttft: int
     tpot: int
     ingress: int  # 1 while requests are held with no active replica
+    burst: EnvelopeFloor | None = None  # what the burst envelope holds; None: off
 
     @property
     def symptom(self) -> int:
@@ -163,6 +167,7 @@ def needs_of(signals: Signals, config: AutoscaleConfig) -> Needs:
             signals.tpot_p95_s, config.tpot_p95_target_s, load.active, config.max_latency_growth,
             signals.muted),
         ingress=1 if load.pending > 0 else 0,
+        burst=burst_floor(signals.envelope, config),
     )
 
 
@@ -185,14 +190,17 @@ class Wish:
 
 def wish(needs: Needs, signals: Signals, config: AutoscaleConfig) -> Wish:
     load = signals.load
+    # The envelope is a forecast: it orders replicas ahead of the next burst (with the
+    # forecast's delay) and is the least a scale-down keeps.
+    burst = needs.burst.replicas if needs.burst is not None else 0
     tpot_target = config.tpot_p95_target_s
     p_ttft, p_tpot = signals.ttft_p95_s, signals.tpot_p95_s
     return Wish(
-        up=min(max(needs.rate, needs.symptom, signals.floor), config.max_replicas),
-        down=0 if signals.idle else max(1, rate_need(
+        up=min(max(needs.rate, needs.symptom, signals.floor, burst), config.max_replicas),
+        down=max(burst, 0 if signals.idle else max(1, rate_need(
             signals.trend, signals.current,
             config.replica_capacity_rps * config.downscale_utilization, signals.tier_for,
-            config.startup_s, config.max_replicas)),
+            config.startup_s, config.max_replicas))),
         slack=(
             load.pending == 0
             and load.queue_per_active
@@ -271,6 +279,7 @@ def apply_hysteresis(wanted: Wish, signals: Signals, state: PolicyState,
     now, current = signals.now, signals.current
     # Every branch carries the signals' memory and clears the timers it does not run.
     base = replace(state, trend=signals.trend, queue_over_at=signals.queue_over_at,
+                   envelope=signals.envelope,
                    up_since=None, down_since=None, down_floor=0)
     if current > config.max_replicas:
         target = config.max_replicas
@@ -368,7 +377,8 @@ def explain(outcome: Outcome, signals: Signals, needs: Needs, pool: PoolSizing,
         f"(trusted {trend.trusted_slope:+.4f}/s) "
         f"(need {needs.rate} at {config.replica_capacity_rps * config.target_utilization:.2f}"
         f" rps/replica); queue {load.queue_per_active:.1f}/replica vs "
-        f"{config.target_queue_per_replica:g} (need {needs.queue}); {ttft} "
+        f"{config.target_queue_per_replica:g} (need {needs.queue}); "
+        f"{needs.burst.describe() + '; ' if needs.burst is not None else ''}{ttft} "
         f"(need {needs.ttft}); {tpot} (need {needs.tpot}); kv {load.mean_kv_usage:.2f}; "
         f"active {load.active} starting {load.starting} standby {load.standby} "
         f"pending {load.pending}; {pool.reason}{refill}"

@@ -66,6 +66,17 @@ class HotStandbySpec(StandbyBounds):
     sleep: bool = False
 
 
+class BurstEnvelopeSpec(_Strict):
+    """The burst envelope the policy learns (autoscale/envelope.py): how far the arrival rate
+    climbed within one cold start, over `memory_s` of the past. Replicas worth it are held
+    through the lulls between bursts."""
+
+    # 0 turns it off (v2's behaviour: follow the current rate down in every lull).
+    memory_s: Annotated[float, Field(ge=0)] = 1800.0
+    # How long a burst is taken to last, its backlog's drain included.
+    length_s: Annotated[float, Field(gt=0)] = 90.0
+
+
 class AutoscalingSpec(_Strict):
     min_replicas: Annotated[int, Field(ge=0)] = 1
     max_replicas: Annotated[int, Field(ge=1)] = 1
@@ -97,6 +108,12 @@ class AutoscalingSpec(_Strict):
     # min_replicas 0: how long the model's gate holds a request while the first replica
     # starts, before answering 503 + Retry-After.
     scale_from_zero_wait_s: Annotated[float, Field(gt=0)] = 120.0
+    burst: BurstEnvelopeSpec = BurstEnvelopeSpec()
+    # What one request that misses its SLO costs you, in dollars: the policy holds a replica
+    # through a lull, or keeps a standby, when the misses it saves are worth more than its idle
+    # time (autoscale/warm_pool.py, autoscale/envelope.py). The knob that trades GPU-hours for
+    # SLO attainment.
+    slo_miss_usd: Annotated[float, Field(ge=0)] = 0.01
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSpec:

@@ -298,7 +298,8 @@ def test_a_hold_clears_the_timers_and_keeps_the_rest_of_the_state():
     out = apply_hysteresis(Wish(up=4, down=4, slack=True, symptom=False), at(3.0, 4), state, CFG)
     assert out.action == "hold 4 (within band)"
     assert out.state == replace(state, up_since=None, down_since=None, down_floor=0,
-                                trend=out.state.trend, queue_over_at=None)
+                                trend=out.state.trend, queue_over_at=None,
+                                envelope=out.state.envelope)
     out = apply_hysteresis(Wish(up=4, down=2, slack=False, symptom=False), at(3.0, 4), state, CFG)
     assert out.action == "hold 4 (symptoms not slack)"
 

@@ -1,0 +1,162 @@
+"""The traffic's burst envelope, learned online: how far the arrival rate climbs within one
+start-up horizon, over the last tens of minutes, and the replicas worth holding for it (issue
+27, requirement 2).
+
+Why: real services alternate bursts of 1-3 minutes with lulls of 1-5 minutes. A policy that
+follows the current rate scales down in every lull, and the next burst arrives before a cold
+start can finish: on the Azure code trace hbmserve v2 was dominated by a fixed fleet of 3.
+Capacity let go in a lull comes back only a start-up later, so what the fleet must hold is not
+the rate now but the peak it may meet before a replica let go now could be back.
+
+The model, every term explicit:
+
+* Buckets. Time is cut into buckets one cold start-up long (`bucket_s`, at least one
+  look-back): a replica let go at the start of a bucket is back at the earliest at its end.
+  Each bucket records its rise: the highest arrival rate (the look-back mean the snapshot
+  reports) above the lowest one of that bucket and the one before (so a rise that starts near a bucket's end is seen whole). The
+  last `memory_s` of buckets are kept and older ones forgotten, so the envelope follows a
+  diurnal drift with that lag. The first look-back window is not observed: its rate climbs
+  from nothing while the window fills, which is no burst.
+* Peaks. Were a bucket like one of those to start now, its peak would be base + rise, with base
+  the lowest rate of the last one to two buckets (where a burst would rise from).
+* Misses. A peak is taken to last L = `length_s` (burst_length_s, 90 s: real bursts last 1-3
+  minutes, and the backlog a peak leaves takes about as long to drain). n replicas serve
+  mu = n·c requests/s (c: one replica's capacity at the SLO). A peak lambda over mu queues
+  (lambda - mu)·t requests after t seconds, and a request misses once that queue takes longer
+  than the TTFT target to drain: after t* = mu·TTFT/(lambda - mu). So a bucket with that peak
+  misses about lambda·max(0, L - t*) requests with n replicas. A peak that brushes past
+  capacity misses nothing (the queue drains within the target); one several replicas over
+  misses nearly all of its L seconds.
+* Worth. Hold the n that minimises, per bucket, what holding costs plus what it misses on
+  average over the kept buckets:
+      n · replica_usd_per_hour · bucket_s / 3600  +  mean_k misses_k(n) · slo_miss_usd.
+  The pool's economics price both (warm_pool.py: 10 $/h a replica against 0.01 $ a miss, so a
+  replica held through a 180-s bucket must save 50 misses on average over the buckets).
+* Floor. The policy scales down only to the replicas held, and orders up to them ahead of the
+  next burst (a forecast, so with the forecast's delay).
+
+Pure: time arrives as data; the state is a frozen value kept in PolicyState.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # policy_config imports nothing from here; the type is only an annotation
+    from hbmserve.autoscale.policy_config import AutoscaleConfig
+
+
+@dataclass(frozen=True)
+class BurstEnvelope:
+    """How far the arrival rate rose within each bucket (closed buckets oldest first, then the
+    open one), and the lowest rate of the previous and the open bucket."""
+
+    bucket_started_at: float
+    open_rise_rps: float = 0.0
+    open_min_rps: float | None = None  # None: no sample in the open bucket yet
+    previous_min_rps: float | None = None
+    rises_rps: tuple[float, ...] = ()
+
+    @property
+    def base_rps(self) -> float:
+        """The lowest rate of the last one to two buckets: where a burst would rise from."""
+        mins = [m for m in (self.previous_min_rps, self.open_min_rps) if m is not None]
+        return min(mins) if mins else 0.0
+
+    @property
+    def peaks_rps(self) -> tuple[float, ...]:
+        """Each kept bucket's rise on top of the base now, the open bucket last."""
+        base = self.base_rps
+        return tuple(base + r for r in (*self.rises_rps, self.open_rise_rps))
+
+    def observe(self, now: float, rate_rps: float, bucket_s: float,
+                memory_s: float) -> BurstEnvelope:
+        """The envelope with one more rate sample at `now`."""
+        if now < self.bucket_started_at:  # the look-back window is still filling
+            return self
+        env = self
+        keep = max(1, math.ceil(memory_s / bucket_s))
+        while now >= env.bucket_started_at + bucket_s:  # close the buckets that ended
+            env = BurstEnvelope(env.bucket_started_at + bucket_s, 0.0, None, env.open_min_rps,
+                                (*env.rises_rps, env.open_rise_rps)[-keep:])
+        seen = env.open_min_rps is not None or env.previous_min_rps is not None
+        rise = rate_rps - min(env.base_rps, rate_rps) if seen else 0.0
+        low = rate_rps if env.open_min_rps is None else min(env.open_min_rps, rate_rps)
+        return replace(env, open_rise_rps=max(env.open_rise_rps, rise), open_min_rps=low)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> BurstEnvelope:
+        def rate(name: str) -> float | None:
+            v = values.get(name)
+            return None if v is None else float(v)
+
+        return cls(float(values["bucket_started_at"]), float(values.get("open_rise_rps", 0.0)),
+                   rate("open_min_rps"), rate("previous_min_rps"),
+                   tuple(float(v) for v in values.get("rises_rps", ())))
+
+
+@dataclass(frozen=True)
+class EnvelopeFloor:
+    replicas: int
+    peak_rps: float  # the highest kept peak
+    misses_per_bucket: float  # expected, with `replicas` held
+    buckets: int
+
+    def describe(self) -> str:
+        return (f"burst envelope: peak {self.peak_rps:.2f} rps over {self.buckets} buckets, "
+                f"hold {self.replicas} ({self.misses_per_bucket:.1f} misses/bucket expected)")
+
+
+def peak_misses(peak_rps: float, capacity_rps: float, length_s: float, ttft_s: float) -> float:
+    """Requests a `length_s`-long peak misses on `capacity_rps` (the docstring's "Misses")."""
+    if peak_rps <= capacity_rps:
+        return 0.0
+    if capacity_rps <= 0:
+        return peak_rps * length_s
+    missing_after_s = capacity_rps * ttft_s / (peak_rps - capacity_rps)
+    return peak_rps * max(0.0, length_s - missing_after_s)
+
+
+def envelope_floor(env: BurstEnvelope, *, replica_rps: float, replica_usd_per_hour: float,
+                   slo_miss_usd: float, bucket_s: float, length_s: float, ttft_s: float,
+                   max_replicas: int) -> EnvelopeFloor:
+    """Replicas worth holding for the envelope's peaks (the module docstring's "Worth")."""
+    peaks = env.peaks_rps
+    hold_usd = replica_usd_per_hour * bucket_s / 3600.0
+
+    def misses(n: int) -> float:
+        return sum(peak_misses(p, n * replica_rps, length_s, ttft_s) for p in peaks) / len(peaks)
+
+    # Scan every count: the misses fall in steps, so the cost need not be convex.
+    best = min(range(max_replicas + 1), key=lambda n: (n * hold_usd + misses(n) * slo_miss_usd, n))
+    return EnvelopeFloor(best, max(peaks), misses(best), len(peaks))
+
+
+def observed_envelope(env: BurstEnvelope | None, now: float, rate_rps: float,
+                      config: AutoscaleConfig) -> BurstEnvelope | None:
+    """`env` with the snapshot's rate at `now`; None when the envelope is off (burst_memory_s 0)."""
+    if config.burst_memory_s <= 0:
+        return None
+    # The first look-back window's rate climbs from nothing as the window fills: no burst.
+    env = env if env is not None else BurstEnvelope(bucket_started_at=now + config.look_back_s)
+    return env.observe(now, rate_rps, bucket_of(config), config.burst_memory_s)
+
+
+def burst_floor(env: BurstEnvelope | None, config: AutoscaleConfig) -> EnvelopeFloor | None:
+    """Replicas the burst envelope asks to hold; None when it is off."""
+    if env is None:
+        return None
+    # A held replica is priced as a hot standby is: loaded, idle, billed.
+    return envelope_floor(env, replica_rps=config.replica_capacity_rps,
+                          replica_usd_per_hour=config.hot_idle_usd_per_hour,
+                          slo_miss_usd=config.slo_miss_usd, bucket_s=bucket_of(config),
+                          length_s=config.burst_length_s, ttft_s=config.ttft_p95_target_s,
+                          max_replicas=config.max_replicas)
+
+
+def bucket_of(config: AutoscaleConfig) -> float:
+    """One cold start, but at least one look-back: the rate is a look-back mean, so a shorter
+    bucket (and the one before it) would see only part of a rise."""
+    return max(config.burst_bucket_s or config.startup_cold_s, config.look_back_s)

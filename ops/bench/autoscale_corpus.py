@@ -1,0 +1,244 @@
+"""Autoscaler v3 on a corpus of real-shaped traces (issue 27, requirements 4, 6 and 8).
+
+Every registered policy (hbmserve, ray-default, static-peak, queue-threshold, k8s-hpa, keda and
+the oracle) and the static frontier (a fixed fleet of each size) on each trace, on the reference
+cluster (sim/data/reference_cluster.yaml), exactly as `hbmserve autoscale evaluate --policy all`
+runs them. The corpus:
+
+  azure-conv    the Azure LLM 2023 conversation trace (../shared/data), as recorded
+  azure-code    the Azure LLM 2023 code trace, read as published (`--azure-code PATH`, the
+                AzurePublicDataset's data/AzureLLMInferenceTrace_code.csv); skipped if absent
+  code-0        traces/code_trace.py, seed 0 (a swell with two spikes, prompt-heavy)
+  burst-0       traces/burst_trace.py, seed 0 (5 req/s with four 5-min steps to 25)
+  lulls-N       traces/lulls_trace.py, seeds 0-2 (Markov-modulated lulls and bursts, heavy-tailed
+                sojourns, prompt-heavy)
+  lulls-chat-0  the same, chat lengths, with a diurnal drift of +-50 % over the hour
+  diurnal-N     traces/diurnal_trace.py, seeds 0-1 (sinusoidal base, 4 bursts of 2-4x)
+
+Per trace: each policy's (SLO attainment, GPU-h, GPU-h / oracle), the fixed fleets that dominate
+it, and issue 27's targets for hbmserve (undominated; GPU-h <= 1.25x the oracle's at SLO
+attainment >= the oracle's - 1 point). Two more rows, as online bounds (requirement 6):
+
+  hbmserve (envelope known)  the same policy and config, its burst envelope seeded with the
+                whole trace's bursts and kept for the whole trace (tuned in hindsight: it knows
+                how high the bursts of this hour climb, not when they come)
+  first burst   the misses before the envelope has seen a burst: hbmserve's misses in the first
+                burst that reaches twice the capacity it held
+
+The simulator is deterministic: one run per trace. Exits 1 if any run undercuts the oracle.
+
+    .venv/bin/python ops/bench/autoscale_corpus.py --azure-code AzureLLMInferenceTrace_code.csv \\
+        --out out/autoscale_corpus.json --plot-dir out/autoscale_corpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hbmserve.autoscale.envelope import BurstEnvelope
+from hbmserve.autoscale.policy import PolicyState
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.autoscale.registry import POLICIES
+from hbmserve.sim.comparison import compare
+from hbmserve.sim.evaluate import EvalResult, eval_config, evaluate, load_eval_cluster
+from hbmserve.traces.arrivals import Arrivals, read_trace
+from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals
+from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals
+from hbmserve.traces.diurnal_trace import DiurnalTraceSpec, diurnal_arrivals
+from hbmserve.traces.lulls_trace import LullsTraceSpec, lulls_arrivals
+
+AZURE_CONV = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
+GPU_FACTOR, SLO_SLACK = 1.25, 0.01  # issue 27's target against the oracle
+KNOWN = "hbmserve (envelope known)"
+
+
+def corpus(azure_code: Path | None) -> dict[str, Callable[[], Arrivals] | str]:
+    """Trace name -> loader, or the reason it is skipped."""
+    out: dict[str, Callable[[], Arrivals] | str] = {
+        "azure-conv": (lambda: read_trace(AZURE_CONV)) if AZURE_CONV.is_file()
+        else f"{AZURE_CONV} not found",
+        "azure-code": (lambda: read_trace(azure_code)) if azure_code and azure_code.is_file()
+        else "no --azure-code file (AzurePublicDataset data/AzureLLMInferenceTrace_code.csv)",
+        "code-0": lambda: code_arrivals(CodeTraceSpec(), 0),
+        "burst-0": lambda: burst_arrivals(BurstSpec(), 0),
+    }
+    for seed in (0, 1, 2):
+        out[f"lulls-{seed}"] = lambda seed=seed: lulls_arrivals(LullsTraceSpec(), seed)
+    out["lulls-chat-0"] = lambda: lulls_arrivals(
+        LullsTraceSpec(mix="chat", diurnal_amplitude=0.5, diurnal_period_s=3600.0), 0)
+    for seed in (0, 1):
+        out[f"diurnal-{seed}"] = lambda seed=seed: diurnal_arrivals(DiurnalTraceSpec(), seed)
+    return out
+
+
+def rate_series(arr: Arrivals, look_back_s: float) -> np.ndarray:
+    """The arrival rate a 1-s policy tick sees (the simulator's snapshot rule)."""
+    ticks = np.arange(0.0, float(arr.t[-1]) + 1.0)
+    lo, hi = np.searchsorted(arr.t, ticks - look_back_s, "right"), np.searchsorted(arr.t, ticks, "right")
+    return (hi - lo) / np.minimum(look_back_s, np.maximum(ticks, 1.0))
+
+
+def hindsight_envelope(arr: Arrivals, config: AutoscaleConfig) -> BurstEnvelope:
+    """Every bucket's rise over the whole trace, as the policy would have recorded them."""
+    bucket = config.burst_bucket_s or config.startup_cold_s
+    env = BurstEnvelope(bucket_started_at=config.look_back_s)
+    for t, rate in enumerate(rate_series(arr, config.look_back_s)):
+        env = env.observe(float(t), float(rate), bucket, memory_s=arr.duration_s + bucket)
+    return BurstEnvelope(bucket_started_at=config.look_back_s, rises_rps=env.rises_rps)
+
+
+def known_envelope_run(cluster: Any, arr: Arrivals, config: AutoscaleConfig) -> EvalResult:
+    """hbmserve seeded with the whole trace's bucket rises, remembered for the whole trace."""
+    seeded = PolicyState(envelope=hindsight_envelope(arr, config))
+    memory = max(config.burst_memory_s, arr.duration_s + 2 * config.startup_cold_s)
+    base = POLICIES["hbmserve"]
+    entry = dataclasses.replace(
+        base, initial_state=lambda: seeded,
+        make_config=lambda c, peak: dataclasses.replace(base.make_config(c, peak),
+                                                        burst_memory_s=memory))
+    return evaluate(KNOWN, cluster, arr, config, entry)
+
+
+def first_burst(arr: Arrivals, result: EvalResult, config: AutoscaleConfig) -> dict[str, Any]:
+    """hbmserve's misses in the first burst that climbs past twice the capacity it held: the
+    burst no envelope had seen yet."""
+    rate = rate_series(arr, config.look_back_s)
+    active = result.timeseries["active"]
+    n = min(len(rate), len(active))
+    over = np.nonzero(rate[:n] > 2 * np.maximum(active[:n], 1) * config.replica_capacity_rps)[0]
+    if not len(over):
+        return {"onset_s": None, "misses": 0, "share_of_requests": 0.0}
+    onset = float(over[0])
+    end = onset + config.startup_cold_s + config.look_back_s  # help arrives, the queue drains
+    inside = (arr.t >= onset - config.look_back_s) & (arr.t < end)
+    misses = int(np.count_nonzero(inside & ~result.met_slo))
+    return {"onset_s": onset, "window_end_s": end, "misses": misses,
+            "share_of_requests": misses / len(arr)}
+
+
+def dominates(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a["slo_attainment"] >= b["slo_attainment"] and a["gpu_hours"] <= b["gpu_hours"] and (
+        a["slo_attainment"] > b["slo_attainment"] or a["gpu_hours"] < b["gpu_hours"])
+
+
+def targets(name: str, rows: dict[str, dict[str, Any]], fleets: list[dict[str, Any]]) -> dict[str, Any]:
+    h, o = rows[name], rows["oracle"]
+    rivals = {n: r for n, r in rows.items() if n not in (name, "oracle", KNOWN)}
+    rivals.update({f["policy"]: f for f in fleets})
+    gpu_x, pts = h["gpu_hours"] / o["gpu_hours"], 100 * (h["slo_attainment"] - o["slo_attainment"])
+    dominated = [n for n, r in rivals.items() if dominates(r, h)]
+    return {"dominated_by": dominated, "gpu_vs_oracle": gpu_x, "slo_minus_oracle_pts": pts,
+            "oracle_target_met": gpu_x <= GPU_FACTOR and pts >= -100 * SLO_SLACK,
+            "all_met": not dominated and gpu_x <= GPU_FACTOR and pts >= -100 * SLO_SLACK}
+
+
+def run_trace(name: str, arr: Arrivals, cluster: Any, plot_dir: Path | None) -> dict[str, Any]:
+    config = eval_config(cluster, arr)
+    t0 = time.perf_counter()
+    c = compare(list(POLICIES), cluster, arr, config, frontier=True)
+    known = known_envelope_run(cluster, arr, config)
+    oracle = c.oracle
+    assert oracle is not None
+    rows = {r.policy: row_of(r, oracle) for r in (*c.results, known)}
+    fleets = [row_of(r, oracle) for r in c.frontier]
+    undercut = [r["policy"] for r in (*rows.values(), *fleets) if r["policy"] != "oracle"
+                and r["slo_attainment"] >= oracle.summary.slo_attainment
+                and r["gpu_hours"] < oracle.summary.gpu_hours]
+    if plot_dir is not None:
+        from hbmserve.sim.eval_plot import plot_replicas_vs_load
+
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        shown = [r for r in (*c.results, known) if r.policy in ("hbmserve", KNOWN, "oracle")]
+        plot_replicas_vs_load(shown, plot_dir / f"{name}.png", name, c.frontier)
+    hb = next(r for r in c.results if r.policy == "hbmserve")
+    return {"trace": name, "requests": len(arr), "duration_s": arr.duration_s,
+            "mean_rps": len(arr) / max(arr.duration_s, 1e-9), "peak_rps": arr.rate_peak(),
+            "replica_capacity_rps": config.replica_capacity_rps, "results": rows,
+            "static_frontier": fleets, "targets": targets("hbmserve", rows, fleets),
+            "targets_envelope_known": targets(KNOWN, rows, fleets),
+            "first_burst": first_burst(arr, hb, config), "oracle_undercut_by": undercut,
+            "wall_s": time.perf_counter() - t0}
+
+
+def row_of(r: EvalResult, oracle: EvalResult) -> dict[str, Any]:
+    s = r.summary
+    return {"policy": r.policy, "slo_attainment": s.slo_attainment, "gpu_hours": s.gpu_hours,
+            "gpu_hours_vs_oracle": s.gpu_hours / oracle.summary.gpu_hours,
+            "ttft_p95_s": s.ttft.p95, "tpot_p95_s": s.tpot.p95, "mean_replicas": s.mean_replicas,
+            "peak_replicas": s.peak_replicas, "scale_actions_per_hour": r.scale_actions_per_hour,
+            "misses": int(np.count_nonzero(~r.met_slo))}
+
+
+def markdown(case: dict[str, Any]) -> list[str]:
+    t, k, fb = case["targets"], case["targets_envelope_known"], case["first_burst"]
+    lines = [f"\n#### {case['trace']}: {case['requests']} requests, {case['duration_s'] / 60:.0f} "
+             f"min, mean {case['mean_rps']:.2f} req/s, peak (60 s) {case['peak_rps']:.2f}, "
+             f"{case['replica_capacity_rps']:.2f} req/s per replica\n",
+             "| policy | SLO attainment | GPU-h | GPU-h / oracle | replicas mean / peak | "
+             "scale actions / h | dominated by |", "|---|---|---|---|---|---|---|"]
+    fleets = case["static_frontier"]
+    for name, r in case["results"].items():
+        dom = [f["policy"] for f in fleets if dominates(f, r)] + [
+            n for n, o in case["results"].items()
+            if n not in (name, "oracle", KNOWN) and dominates(o, r) and name not in ("oracle",)]
+        lines.append(f"| {name} | {100 * r['slo_attainment']:.2f}% | {r['gpu_hours']:.2f} | "
+                     f"{r['gpu_hours_vs_oracle']:.2f} | {r['mean_replicas']:.2f} / "
+                     f"{r['peak_replicas']:g} | {r['scale_actions_per_hour']:.1f} | "
+                     f"{', '.join(dom) or '-'} |")
+    lines.append("\nstatic frontier: " + "; ".join(
+        f"{f['policy']} {100 * f['slo_attainment']:.2f}% at {f['gpu_hours']:.2f}" for f in fleets))
+    lines.append(f"\nhbmserve: GPU-h x{t['gpu_vs_oracle']:.2f} the oracle's at "
+                 f"{t['slo_minus_oracle_pts']:+.2f} pts, dominated by "
+                 f"{', '.join(t['dominated_by']) or 'none'}: targets "
+                 f"{'met' if t['all_met'] else 'missed'}; with the envelope known: "
+                 f"x{k['gpu_vs_oracle']:.2f} at {k['slo_minus_oracle_pts']:+.2f} pts, dominated by "
+                 f"{', '.join(k['dominated_by']) or 'none'}: {'met' if k['all_met'] else 'missed'}. "
+                 + ("No burst beyond twice the fleet." if fb["onset_s"] is None else
+                    f"First burst past twice the fleet at {fb['onset_s'] / 60:.1f} min: "
+                    f"{fb['misses']} misses ({100 * fb['share_of_requests']:.2f}% of the trace)."))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--azure-code", type=Path, default=None)
+    ap.add_argument("--only", default="", help="comma-separated trace names (default: all)")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--plot-dir", type=Path, default=None)
+    args = ap.parse_args(argv)
+    cluster = load_eval_cluster(None)
+    only = {n for n in args.only.split(",") if n}
+    report: dict[str, Any] = {"cluster": cluster.source, "cases": [], "skipped": {}}
+    lines: list[str] = []
+    for name, load in corpus(args.azure_code).items():
+        if only and name not in only:
+            continue
+        if isinstance(load, str):
+            report["skipped"][name] = load
+            print(f"{name}: skipped ({load})", file=sys.stderr)
+            continue
+        case = run_trace(name, load(), cluster, args.plot_dir)
+        report["cases"].append(case)
+        lines += markdown(case)
+        print("\n".join(markdown(case)), flush=True)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=1))
+    undercut = [f"{c['trace']}: {n}" for c in report["cases"] for n in c["oracle_undercut_by"]]
+    if undercut:
+        print("error: the oracle is not the limit: " + "; ".join(undercut), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
