@@ -27,8 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hbmserve.traces.arrivals import Arrivals
-from hbmserve.traces.lulls_trace import (MixedLengths, Segments, modulated_schedule,
-                                         schedule_arrivals)
+from hbmserve.traces.segments import MixedLengths, Segments, modulated_schedule, schedule_arrivals
 
 
 @dataclass(frozen=True)

@@ -25,64 +25,18 @@ part of that structure:
   "chat" (conversation: shorter prompts, a few hundred output tokens), log-normal, with
   `prompt_tokens` / `output_tokens` overriding the mix's means.
 
-Pure and seeded: the same spec and seed give the same arrivals. `LENGTH_MIXES`, `MixedLengths`,
-`modulated_schedule` and `schedule_arrivals` are shared with traces/diurnal_trace.py.
+Pure and seeded: the same spec and seed give the same arrivals.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from hbmserve.traces.arrivals import Arrivals, gamma_arrivals, lognormal_lengths
-
-Segments = tuple[tuple[float, float, float], ...]  # (start_s, end_s, rps), covering [0, duration)
-
-
-@dataclass(frozen=True)
-class LengthMix:
-    prompt_tokens: float  # means and coefficients of variation of log-normal lengths
-    prompt_cv: float
-    output_tokens: float
-    output_cv: float
-
-
-LENGTH_MIXES = {
-    # Code completion: the file around the cursor in, a line or two out (traces/code_trace.py).
-    "prompt-heavy": LengthMix(2000.0, 1.0, 30.0, 1.2),
-    # Conversation: the Azure conversation trace's means are ~1150 and ~210.
-    "chat": LengthMix(1000.0, 0.8, 250.0, 0.8),
-}
-
-
-class MixedLengths:
-    """What a spec with a length mix does with its `mix`, `prompt_tokens` and `output_tokens`
-    fields (each spec declares them, with its own default mix)."""
-
-    mix: str
-    prompt_tokens: float | None  # None: the mix's mean
-    output_tokens: float | None
-
-    def length_problems(self) -> list[str]:
-        problems = []
-        if self.mix not in LENGTH_MIXES:
-            problems.append(f"mix {self.mix!r} is not one of {', '.join(LENGTH_MIXES)}")
-        for name in ("prompt_tokens", "output_tokens"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                problems.append(f"{name} must be > 0")
-        return problems
-
-    @property
-    def lengths(self) -> LengthMix:
-        """The named mix, with its means replaced where given."""
-        m = LENGTH_MIXES[self.mix]
-        return replace(m, prompt_tokens=self.prompt_tokens or m.prompt_tokens,
-                       output_tokens=self.output_tokens or m.output_tokens)
-
+from hbmserve.traces.arrivals import Arrivals
+from hbmserve.traces.segments import MixedLengths, Segments, modulated_schedule, schedule_arrivals
 
 @dataclass(frozen=True)
 class LullsTraceSpec(MixedLengths):
@@ -152,20 +106,6 @@ def lulls_states(spec: LullsTraceSpec, seed: int) -> Segments:
     return tuple(out)
 
 
-def modulated_schedule(levels: Sequence[tuple[float, float, float]], segment_s: float,
-                       swell: Callable[[float], float]) -> Segments:
-    """`levels` (start_s, end_s, rps, contiguous) times `swell(t)`, with `t` the middle of the
-    `segment_s` step the piece lies in: each level is cut at the steps' edges."""
-    out = []
-    for start, end, rps in levels:
-        edges = np.arange(math.ceil(start / segment_s) * segment_s, end, segment_s).tolist()
-        cuts = [start] + [e for e in edges if start < e < end] + [end]
-        for a, b in zip(cuts, cuts[1:]):
-            mid = math.floor(a / segment_s) * segment_s + segment_s / 2
-            out.append((a, b, rps * swell(mid)))
-    return tuple(out)
-
-
 def lulls_schedule(spec: LullsTraceSpec, seed: int) -> Segments:
     """(start_s, end_s, rps) segments covering [0, duration_s): one per sojourn, cut into
     `segment_s` steps when there is a diurnal drift."""
@@ -175,19 +115,6 @@ def lulls_schedule(spec: LullsTraceSpec, seed: int) -> Segments:
     a, period = spec.diurnal_amplitude, spec.diurnal_period_s
     return modulated_schedule(states, spec.segment_s,
                               lambda t: max(0.0, 1.0 + a * math.sin(2.0 * math.pi * t / period)))
-
-
-def schedule_arrivals(segments: Segments, gap_cv: float, lengths: LengthMix, seed: int) -> Arrivals:
-    """Gamma renewal arrivals in each segment at its rate (none where the rate is 0), with
-    log-normal lengths drawn independently of the times."""
-    # One independent stream per segment and one for the lengths, all derived from the seed.
-    seeds = np.random.SeedSequence(seed).generate_state(len(segments) + 1)
-    t = np.concatenate([np.zeros(0)] + [
-        gamma_arrivals(rps, end - start, gap_cv, seed=int(s)).t + start
-        for (start, end, rps), s in zip(segments, seeds) if rps > 0 and end > start])
-    rng = np.random.default_rng(int(seeds[-1]))
-    return Arrivals(t, lognormal_lengths(rng, len(t), lengths.prompt_tokens, lengths.prompt_cv),
-                    lognormal_lengths(rng, len(t), lengths.output_tokens, lengths.output_cv))
 
 
 def lulls_arrivals(spec: LullsTraceSpec = LullsTraceSpec(), seed: int = 0) -> Arrivals:

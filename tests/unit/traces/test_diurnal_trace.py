@@ -11,7 +11,7 @@ import pytest
 
 from hbmserve.traces.diurnal_trace import (DiurnalTraceSpec, diurnal_arrivals, diurnal_bursts,
                                            diurnal_schedule)
-from hbmserve.traces.lulls_trace import LENGTH_MIXES
+from hbmserve.traces.segments import LENGTH_MIXES
 
 
 def swell(t: float, base: float = 4.0, amplitude: float = 0.5, period: float = 3600.0) -> float:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from hbmserve.traces.diurnal_trace import DiurnalTraceSpec, diurnal_arrivals, diurnal_schedule
-from hbmserve.traces.lulls_trace import (LENGTH_MIXES, LullsTraceSpec, lulls_arrivals,
-                                         lulls_schedule, lulls_states)
+from hbmserve.traces.lulls_trace import LullsTraceSpec, lulls_arrivals, lulls_schedule, lulls_states
+from hbmserve.traces.segments import LENGTH_MIXES
 
 
 def clipped_lognormal(mean: float, cv: float, lo: float, hi: float) -> tuple[float, float]:
