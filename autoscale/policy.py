@@ -144,5 +144,6 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
         target_active=outcome.target,
         target_standby={Tier.HOT: pool.hot, Tier.WARM: pool.warm, Tier.COLD: 0},
         reason=explain(outcome, signals, needs, pool, config),
+        burst_hold=needs.burst.replicas if needs.burst is not None else 0,
     )
     return decision, state

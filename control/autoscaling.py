@@ -228,6 +228,7 @@ def decide_from_context(ctx: PolicyContext, config: AutoscaleConfig, demand: Ing
         held_at_ingress=demand.held if demand else 0,
         refused_rps_at_ingress=demand.refused_rps if demand else 0.0,
         startup_s=dict(config.startup_s),
+        burst_hold=decision.burst_hold,
         reason=reason,
         serve_target=serve_target(decision.target_active, decision.target_standby),
     )

@@ -136,6 +136,8 @@ class DecisionRecord(Record):
     # Start-up seconds per tier the policy planned with; WARM is what the replicas measured.
     # Added with measured start-up.
     startup_s: Mapping[Tier, float] = field(default_factory=dict)
+    # Replicas the burst envelope holds through lulls (autoscale/envelope.py). Added with it.
+    burst_hold: int = 0
     reason: str  # why, for people: the policy's reason and any role change
     serve_target: int  # replicas asked of Serve: the active ones plus the hot standbys
 

@@ -65,3 +65,6 @@ class ScaleDecision:
     # Replicas to keep ready per tier, beyond the active ones.
     target_standby: dict[Tier, int] = field(default_factory=dict)
     reason: str = ""
+    # Of target_active, the least the burst envelope keeps through a lull (autoscale/envelope.py);
+    # 0 when it holds none or is off.
+    burst_hold: int = 0

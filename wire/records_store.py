@@ -75,6 +75,7 @@ _GAUGES = {
     "hbmserve_autoscale_standby_replicas": "Hot standbys: loaded, out of rotation",
     "hbmserve_autoscale_held_requests": "Requests the front doors hold for lack of an active replica",
     "hbmserve_autoscale_refused_rps": "Requests/s the front doors refuse for capacity, counted as demand",
+    "hbmserve_autoscale_burst_hold_replicas": "Replicas the burst envelope holds through lulls",
 }
 
 
@@ -142,6 +143,7 @@ class DecisionLog:
             "hbmserve_autoscale_standby_replicas": len(decision.standby_replicas),
             "hbmserve_autoscale_held_requests": decision.held_at_ingress,
             "hbmserve_autoscale_refused_rps": decision.refused_rps_at_ingress,
+            "hbmserve_autoscale_burst_hold_replicas": decision.burst_hold,
         }
         tags = {"application": app or "-", "deployment": deployment}
         for name, description in _GAUGES.items():

@@ -92,34 +92,37 @@ def _snap(now: float, active: int, rate: float, waiting: int = 0) -> Snapshot:
                     tpot_samples_s=(0.03,) * 20, arrival_rate_rps=rate)
 
 
-def _drive(config: AutoscaleConfig, rates: list[float], active: int) -> tuple[list[int], str]:
+def _drive(config: AutoscaleConfig, rates: list[float], active: int
+           ) -> tuple[list[int], str, list[int]]:
     """decide over one rate per second; the fleet follows the target at once (the test is of
-    what is asked for, not of start-up)."""
-    state, targets, reason = PolicyState(), [], ""
+    what is asked for, not of start-up). The targets, the last reason, the burst holds."""
+    state, targets, reason, holds = PolicyState(), [], "", []
     for t, rate in enumerate(rates):
         decision, state = decide(_snap(float(t), active, rate), config, state)
         active = max(1, decision.target_active)
         targets.append(decision.target_active)
+        holds.append(decision.burst_hold)
         reason = decision.reason
-    return targets, reason
+    return targets, reason, holds
 
 
 def test_in_the_lulls_between_bursts_decide_keeps_the_burst_s_replicas():
     rates = ([0.5] * 200 + [14.0] * 100) * 4
-    with_envelope, reason = _drive(CONFIG, rates, 3)
-    without, _ = _drive(replace(CONFIG, burst_memory_s=0.0), rates, 3)
+    with_envelope, reason, holds = _drive(CONFIG, rates, 3)
+    without, _, off = _drive(replace(CONFIG, burst_memory_s=0.0), rates, 3)
     # Bursts at 200-300, 500-600, 800-900, 1100-1200 s; the lulls after the first, once a
     # scale-down's delays have passed.
     lulls = [t for t in range(475, 1200) if 175 <= t % 300 < 200]
     assert min(with_envelope[t] for t in lulls) >= 3
     assert max(without[t] for t in lulls) <= 1  # v2 lets the burst's replicas go in every lull
     assert "burst envelope: peak" in reason and "hold 3" in reason
+    assert holds[-1] == 3 and set(off) == {0}  # what the live gauge reports
 
 
 def test_a_steady_noisy_load_holds_no_more_with_the_envelope():
     rates = [4.0 + (0.8 if (i // 7) % 3 == 0 else -0.5) for i in range(1500)]
-    with_envelope, _ = _drive(CONFIG, rates, 1)
-    without, _ = _drive(replace(CONFIG, burst_memory_s=0.0), rates, 1)
+    with_envelope, _, _ = _drive(CONFIG, rates, 1)
+    without, _, _ = _drive(replace(CONFIG, burst_memory_s=0.0), rates, 1)
     assert with_envelope == without
 
 
