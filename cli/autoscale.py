@@ -74,7 +74,7 @@ def evaluate_cmd(
     from hbmserve.core.scaling import Tier
     from hbmserve.traces.arrivals import read_trace
 
-    from hbmserve.cli.capacity import check_slo, slo_check_for
+    from hbmserve.cli.slo_gate import check_slo, slo_check_for
     from hbmserve.sim.comparison import compare
     from hbmserve.sim.evaluate import TraceScaling, eval_config, load_eval_cluster, scale_trace
     from hbmserve.sim.frontier import frontier_rows

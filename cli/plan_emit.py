@@ -2,7 +2,7 @@
 --config FILE --trace T`, `up` and `deploy` take as is.
 
 "As is" means the file passes the checks those commands make: its engine budget is judged here
-by the same rules, at the trace's lengths (`simulate`/`evaluate`, cli/capacity.py
+by the same rules, at the trace's lengths (`simulate`/`evaluate`, cli/slo_gate.py
 `slo_check_for`) and at the nominal request `up`/`deploy` judge without a trace
 (cluster/checks.py `deploy_slo_check`); where either would refuse the plan's budget, the file
 gets the largest that fits both and says so. The folder must exist and the file must not, unless
@@ -101,7 +101,7 @@ def _checks(data: dict, catalog: dict, arr: Any) -> BudgetChecks:
     """`data` loaded as the commands load it, then judged; exit 1 when it does not load."""
     from hbmserve.capacity.scenario import scenario_for
     from hbmserve.capacity.startup_measured import startup_estimate
-    from hbmserve.cli.capacity import slo_check_for
+    from hbmserve.cli.slo_gate import slo_check_for
     from hbmserve.cli.user_errors import user_errors
     from hbmserve.cluster.checks import deploy_slo_check
     from hbmserve.core.config import parse_cluster_spec
