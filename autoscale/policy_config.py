@@ -5,9 +5,9 @@ live Ray Serve adapter (apps/autoscaling_options.py `live_policy`), `hbmserve si
 autoscale evaluate` and the baselines derived from it (registry.py), and `hbmserve plan`'s
 suggested autoscaling section (tests/unit/autoscale/test_autoscale_config.py proves they agree).
 
-The defaults of every field a user can set live in the schema (core/config.py
-`AutoscalingSpec`, `SLO`); AutoscaleConfig's own defaults cover only the policy's inner knobs
-(trend windows, fractions), which the config file does not expose.
+The defaults of every field a user can set live in the schema (core/autoscaling_spec.py
+`AutoscalingSpec`, core/config.py `SLO`); AutoscaleConfig's own defaults cover only the policy's
+inner knobs (trend windows, fractions), which the config file does not expose.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def _load_policy(ref: str, model_spec: Any, sc: Any, arr: Any) -> tuple[Any, Any
 
 
 def _startup_map(startup: Any) -> dict:
-    from hbmserve.core.config import TierStartup
+    from hbmserve.core.autoscaling_spec import TierStartup
     from hbmserve.core.scaling import Tier
 
     startup = startup or TierStartup()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from hbmserve.capacity.model_shape import NO_KNOWN_LOSS
 from hbmserve.capacity.token_cost import TokenCosts
-from hbmserve.core.config import AutoscalingSpec
+from hbmserve.core.autoscaling_spec import AutoscalingSpec
 
 CONFIRMED, CANDIDATE, MISSED, INFEASIBLE = "confirmed", "candidate", "missed", "infeasible"
 # Formats without a known quality loss (None: unquantised); int8/int4 only when asked for.

@@ -51,7 +51,8 @@ from hbmserve.autoscale.registry import POLICIES, PolicyEntry
 from hbmserve.traces.arrivals import Arrivals
 from hbmserve.capacity.scenario import Scenario, tpot_floor_s
 from hbmserve.capacity.startup_measured import startup_estimate
-from hbmserve.core.config import ModelSpec, TierStartup
+from hbmserve.core.autoscaling_spec import TierStartup
+from hbmserve.core.config import ModelSpec
 from hbmserve.core.scaling import Snapshot, Tier
 from hbmserve.sim.metrics import SimSummary
 

@@ -44,12 +44,14 @@ from typing import Any
 
 import numpy as np
 
-from hbmserve.autoscale.envelope import BurstEnvelope
+from hbmserve.autoscale.envelope import BurstEnvelope, bucket_of
 from hbmserve.autoscale.policy import PolicyState
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.registry import POLICIES
 from hbmserve.sim.comparison import compare
 from hbmserve.sim.evaluate import EvalResult, eval_config, evaluate, load_eval_cluster
+from hbmserve.sim.frontier import dominates
+from hbmserve.sim.oracle_search import undercut_oracle
 from hbmserve.traces.arrivals import Arrivals, read_trace
 from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals
 from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals
@@ -89,7 +91,7 @@ def rate_series(arr: Arrivals, look_back_s: float) -> np.ndarray:
 
 def hindsight_envelope(arr: Arrivals, config: AutoscaleConfig) -> BurstEnvelope:
     """Every bucket's rise over the whole trace, as the policy would have recorded them."""
-    bucket = config.burst_bucket_s or config.startup_cold_s
+    bucket = bucket_of(config)
     env = BurstEnvelope(bucket_started_at=config.look_back_s)
     for t, rate in enumerate(rate_series(arr, config.look_back_s)):
         env = env.observe(float(t), float(rate), bucket, memory_s=arr.duration_s + bucket)
@@ -125,17 +127,10 @@ def first_burst(arr: Arrivals, result: EvalResult, config: AutoscaleConfig) -> d
             "share_of_requests": misses / len(arr)}
 
 
-def dominates(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a["slo_attainment"] >= b["slo_attainment"] and a["gpu_hours"] <= b["gpu_hours"] and (
-        a["slo_attainment"] > b["slo_attainment"] or a["gpu_hours"] < b["gpu_hours"])
-
-
-def targets(name: str, rows: dict[str, dict[str, Any]], fleets: list[dict[str, Any]]) -> dict[str, Any]:
+def targets(name: str, rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     h, o = rows[name], rows["oracle"]
-    rivals = {n: r for n, r in rows.items() if n not in (name, "oracle", KNOWN)}
-    rivals.update({f["policy"]: f for f in fleets})
     gpu_x, pts = h["gpu_hours"] / o["gpu_hours"], 100 * (h["slo_attainment"] - o["slo_attainment"])
-    dominated = [n for n, r in rivals.items() if dominates(r, h)]
+    dominated = h["dominated_by"]
     return {"dominated_by": dominated, "gpu_vs_oracle": gpu_x, "slo_minus_oracle_pts": pts,
             "oracle_target_met": gpu_x <= GPU_FACTOR and pts >= -100 * SLO_SLACK,
             "all_met": not dominated and gpu_x <= GPU_FACTOR and pts >= -100 * SLO_SLACK}
@@ -148,11 +143,13 @@ def run_trace(name: str, arr: Arrivals, cluster: Any, plot_dir: Path | None) -> 
     known = known_envelope_run(cluster, arr, config)
     oracle = c.oracle
     assert oracle is not None
-    rows = {r.policy: row_of(r, oracle) for r in (*c.results, known)}
+    runs = (*c.results, known)
+    # A run's rivals: the baselines (not the oracle, nor the hindsight bound) and every fleet.
+    rows = {r.policy: {**row_of(r, oracle), "dominated_by": [
+        x.policy for x in (*runs, *c.frontier)
+        if x.policy not in (r.policy, "oracle", KNOWN) and dominates(x, r)]} for r in runs}
     fleets = [row_of(r, oracle) for r in c.frontier]
-    undercut = [r["policy"] for r in (*rows.values(), *fleets) if r["policy"] != "oracle"
-                and r["slo_attainment"] >= oracle.summary.slo_attainment
-                and r["gpu_hours"] < oracle.summary.gpu_hours]
+    undercut = undercut_oracle((*runs, *c.frontier), oracle)
     if plot_dir is not None:
         from hbmserve.sim.eval_plot import plot_replicas_vs_load
 
@@ -163,18 +160,14 @@ def run_trace(name: str, arr: Arrivals, cluster: Any, plot_dir: Path | None) -> 
     return {"trace": name, "requests": len(arr), "duration_s": arr.duration_s,
             "mean_rps": len(arr) / max(arr.duration_s, 1e-9), "peak_rps": arr.rate_peak(),
             "replica_capacity_rps": config.replica_capacity_rps, "results": rows,
-            "static_frontier": fleets, "targets": targets("hbmserve", rows, fleets),
-            "targets_envelope_known": targets(KNOWN, rows, fleets),
+            "static_frontier": fleets, "targets": targets("hbmserve", rows),
+            "targets_envelope_known": targets(KNOWN, rows),
             "first_burst": first_burst(arr, hb, config), "oracle_undercut_by": undercut,
             "wall_s": time.perf_counter() - t0}
 
 
 def row_of(r: EvalResult, oracle: EvalResult) -> dict[str, Any]:
-    s = r.summary
-    return {"policy": r.policy, "slo_attainment": s.slo_attainment, "gpu_hours": s.gpu_hours,
-            "gpu_hours_vs_oracle": s.gpu_hours / oracle.summary.gpu_hours,
-            "ttft_p95_s": s.ttft.p95, "tpot_p95_s": s.tpot.p95, "mean_replicas": s.mean_replicas,
-            "peak_replicas": s.peak_replicas, "scale_actions_per_hour": r.scale_actions_per_hour,
+    return {**r.to_json_dict(), "gpu_hours_vs_oracle": r.summary.gpu_hours / oracle.summary.gpu_hours,
             "misses": int(np.count_nonzero(~r.met_slo))}
 
 
@@ -187,9 +180,7 @@ def markdown(case: dict[str, Any]) -> list[str]:
              "scale actions / h | dominated by |", "|---|---|---|---|---|---|---|"]
     fleets = case["static_frontier"]
     for name, r in case["results"].items():
-        dom = [f["policy"] for f in fleets if dominates(f, r)] + [
-            n for n, o in case["results"].items()
-            if n not in (name, "oracle", KNOWN) and dominates(o, r) and name not in ("oracle",)]
+        dom = r["dominated_by"]
         lines.append(f"| {name} | {100 * r['slo_attainment']:.2f}% | {r['gpu_hours']:.2f} | "
                      f"{r['gpu_hours_vs_oracle']:.2f} | {r['mean_replicas']:.2f} / "
                      f"{r['peak_replicas']:g} | {r['scale_actions_per_hour']:.1f} | "
