@@ -22,6 +22,7 @@ import numpy as np
 from hbmserve.capacity.engine_types import EngineConfig, EngineConfigError, Plan, SimRequest
 from hbmserve.capacity.kv_blocks import PrefixCache, blocks_for
 from hbmserve.capacity.perf_model import StepCostModel
+from hbmserve.core.kv_events import KvEvent
 
 __all__ = ["EngineConfig", "EngineConfigError", "EngineCore", "Plan", "SimRequest"]
 
@@ -42,7 +43,8 @@ class EngineCore:
         self._swap_used = 0
         self._admits = 0
         hb = blocks_for(cfg.hash_block_tokens, cfg.block_size)
-        self.cache = PrefixCache(hb) if cfg.enable_prefix_caching else None
+        self.cache = (PrefixCache(hb, cfg.host_kv_tokens // cfg.hash_block_tokens, cfg.publish_kv_events)
+                      if cfg.enable_prefix_caching else None)
         self.preemptions = 0
         self.steps = 0
         self.busy_s = 0.0
@@ -53,6 +55,9 @@ class EngineCore:
         # request: a preempted request recomputes without a cache lookup).
         self.prompt_tokens = 0
         self.prefix_hit_tokens = 0
+        # Of those, loaded from the host tier rather than found in HBM; and loads not yet costed.
+        self.host_hit_tokens = 0
+        self._host_load_tokens = 0
 
     # ---- state ----
     def has_work(self) -> bool:
@@ -187,12 +192,26 @@ class EngineCore:
             # Without chunked prefill (vLLM V0), whole-prompt prefill steps run before decodes.
             chunks = self._schedule_chunks(self.cfg.max_num_batched_tokens, reserved=0, whole=True)
             if chunks:
-                return self._make_plan(0, chunks, extra)
+                return self._make_plan(0, chunks, extra + self._host_loads())
         if chunks:
-            return self._make_plan(len(self.decode), chunks, extra)
+            return self._make_plan(len(self.decode), chunks, extra + self._host_loads())
         if not self.decode:
             return None
         return self._decode_plan(max_steps, extra)
+
+    def _host_loads(self) -> float:
+        """Seconds to copy the KV this step's admissions found in the host tier into HBM: the
+        step waits for it (pessimistic: vLLM's connector loads while other requests run)."""
+        tokens, self._host_load_tokens = self._host_load_tokens, 0
+        return self.cost.swap_time(tokens) if tokens else 0.0
+
+    def take_kv_events(self) -> tuple[KvEvent, ...]:
+        """The KV events recorded since the last call (empty unless publish_kv_events)."""
+        if self.cache is None or not self.cache.events:
+            return ()
+        out = tuple(self.cache.events)
+        self.cache.events.clear()
+        return out
 
     def _growth(self, k: int) -> int:
         return self._blocks_at(self.G + k) - self._decode_blocks if self.decode else 0
@@ -263,8 +282,10 @@ class EngineCore:
             usable = min(len(r.hashes), r.prompt // self.cfg.hash_block_tokens)
             hs = r.hashes[:usable]
         hits = self.cache.match(hs) if hs else 0
+        loaded = self.cache.host_run(hs, hits) if hs else 0
         hashed = len(hs) * self.cfg.hash_block_tokens
-        computed = min(hits * self.cfg.hash_block_tokens, r.target - 1)
+        computed = min((hits + loaded) * self.cfg.hash_block_tokens, r.target - 1)
+        from_host = max(0, computed - hits * self.cfg.hash_block_tokens)
         c = min(r.target - computed, budget)
         if whole and c < r.target - computed:
             return False
@@ -278,6 +299,8 @@ class EngineCore:
             r.held = hs
         r.hashed_tokens, r.computed = hashed, computed
         self.prefix_hit_tokens += computed
+        self.host_hit_tokens += from_host
+        self._host_load_tokens += from_host
         self._ensure_free(own)
         r.own_blocks = own
         self._prefill_blocks += own

@@ -26,6 +26,10 @@ class EngineConfig:
     swap_space_tokens: int = 0
     hash_block_tokens: int = 512
     max_coalesced_steps: int = 1024
+    # A host-memory KV tier behind the prefix cache (vLLM's CPU offloading), in tokens; 0: none.
+    host_kv_tokens: int = 0
+    # Record KV events (core/kv_events.py) for a KV index, as vLLM's --kv-events-config does.
+    publish_kv_events: bool = False
 
     def __post_init__(self) -> None:
         if self.num_blocks * self.block_size < self.max_model_len:
@@ -36,6 +40,8 @@ class EngineConfig:
             raise EngineConfigError("max_num_batched_tokens must be >= max_model_len without chunked prefill")
         if self.preemption_mode not in ("recompute", "swap"):
             raise EngineConfigError(f"preemption_mode must be recompute or swap, not {self.preemption_mode!r}")
+        if self.host_kv_tokens < 0 or (self.host_kv_tokens and not self.enable_prefix_caching):
+            raise EngineConfigError("host_kv_tokens must be >= 0, and needs enable_prefix_caching")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_coalesced_steps < 1:
             raise EngineConfigError("max_num_seqs, max_num_batched_tokens and max_coalesced_steps must be >= 1")
 

@@ -165,6 +165,14 @@ class StepCostModel:
         link = self.dep.gpu.host_link
         return link.latency_s + tokens * per_rank / link.bw_bytes_s
 
+    def host_block_value(self, tokens: int) -> float:
+        """The share of computing `tokens` of prefill (in a long batched prefill, 4,096 tokens a
+        step) that loading their KV from a host tier over PCIe saves; 0 when loading is slower."""
+        per_rank = self.dep.model.kv_bytes_per_token_per_rank(self.dep.tp, self.dep.pp)
+        load = tokens * per_rank / self.dep.gpu.host_link.bw_bytes_s
+        compute = self.prefill_time(4096, 4096) * tokens / 4096
+        return max(0.0, 1.0 - load / compute) if compute > 0 else 0.0
+
     def prefill_time(self, prompt: int, budget: int) -> float:
         """One sequence's prefill alone, chunked by the token budget."""
         total, done = 0.0, 0

@@ -175,6 +175,12 @@ def simulate_cmd(
     out = {**s.to_json_dict(), "sim_wall_s": wall, "model": m.name, "gpu": sc.deployment.gpu.name,
            "model_shape": sc.deployment.model.name, "tp": sc.deployment.tp, "pp": sc.deployment.pp,
            "replicas": sc.replicas, "usd_per_gpu_hour": sc.usd_per_gpu_hour, **check.to_json_dict()}
+    if arr.hashes is not None and sc.engine.enable_prefix_caching:
+        from hbmserve.sim.prefix_bounds import cluster_capacity_hashes, prefix_bounds
+
+        fleet = max(sc.replicas, s.peak_replicas)
+        out.update(prefix_bounds(arr, cluster_capacity_hashes(sc.engine, fleet), sc.engine.hash_block_tokens)
+                   .to_json_dict())
     if plot is not None:
         from hbmserve.sim.plots import plot_timeseries
 
@@ -211,6 +217,10 @@ def _print_sim(out: dict[str, Any], rejected: int) -> None:
             ("output tokens/s", _fmt(out["output_tok_s"], digits=1)),
             ("mean / peak replicas", f"{out['mean_replicas']:.2f} / {out['peak_replicas']}"),
             ("simulated span / wall", f"{out['makespan_s']:.0f} s / {out['sim_wall_s']:.2f} s")]
+    if out.get("bound_lru_hit_rate") is not None:
+        rows.append(("prefix hit rate (bounds: one LRU of the fleet's cache / infinite)",
+                     f"{out['prefix_hit_rate'] or 0:.1%} ({out['bound_lru_hit_rate']:.1%} / "
+                     f"{out['bound_infinite_hit_rate']:.1%})"))
     for k, v in rows:
         r.add_row(k, v)
     c.print(r)

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass, field
+from enum import Enum
 
 from hbmserve.core.scaling import ReplicaState
 
 # Characters per token of English text: how the front door sizes a prompt before any tokenizer
 # has seen it, and how a replica sizes one whose reply carries no token counts.
 CHARS_PER_TOKEN = 4
+
+
+class PrefixSource(str, Enum):
+    """Where the router learns what each replica's prefix cache holds."""
+
+    EVENTS = "events"  # the engines' own KV events, through the KV index (kvindex/index.py)
+    ROUTED = "routed"  # what was routed there lately (routing/prefix.py RecentPrefixes)
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,8 @@ class ReplicaLoad:
     # Prefix block hashes (routing/prefix.py) this replica holds in its prefix cache, read only;
     # may be a live view of the engine's cache, or what the caller routed there recently.
     cached_prefixes: Set[int] = field(default_factory=frozenset)
+    # Hashes its host-memory KV tier holds (the KV index's view; empty without a host tier).
+    host_prefixes: Set[int] = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,9 @@ class RouteRequest:
     # The caller's request counter (0, 1, 2, ...): round robin takes it modulo the replicas, and
     # the randomised picks (power of two) mix it into a pseudo-random draw, so a run is replayable.
     salt: int = 0
+    # What a block found in a host tier is worth against one found in HBM: the share of its
+    # prefill time that loading it over PCIe saves (capacity/perf_model.py host_block_value).
+    host_block_value: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from hbmserve.core.records import DecisionRecord, LoadReport, RecordError, ReplicaEndpoint
 from hbmserve.core.routing import ReplicaLoad
 from hbmserve.core.scaling import ReplicaState
+from hbmserve.routing.prefix import RecentPrefixes
 from hbmserve.wire.http import INTERNAL_TOKEN_HEADER, LOAD_PATH
 
 log = logging.getLogger("hbmserve.frontdoor")
@@ -44,14 +44,10 @@ class KnownReplica:
     running: int = 0
     kv_usage: float = 0.0
     sent_since_poll: int = 0
-    prefixes: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    prefixes: RecentPrefixes = field(default_factory=lambda: RecentPrefixes(PREFIX_MEMORY))
 
     def remember(self, hashes: tuple[int, ...]) -> None:
-        for h in hashes:
-            self.prefixes[h] = None
-            self.prefixes.move_to_end(h)
-        while len(self.prefixes) > PREFIX_MEMORY:
-            self.prefixes.popitem(last=False)
+        self.prefixes.remember(hashes)
 
     def load(self) -> ReplicaLoad:
         state = ReplicaState.ACTIVE if self.active and self.reachable else ReplicaState.STANDBY

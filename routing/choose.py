@@ -12,11 +12,16 @@ The rule, in three steps:
    in it. 32 (SGLang's router balances past 32-64) did best of 8-64 on the prefix-heavy trace
    (ops/bench/prefix_routing.py); a slack on the queue alone (waiting, as before) did worse,
    because a replica holding a popular system prompt fills its batch long before it queues.
-2. Prefix affinity. Among the candidates, the one holding the longest leading run of the
-   request's block hashes (routing/prefix.py) wins; among equals, the least loaded. A session's
-   later turns go where its conversation is cached; a first turn goes to the least loaded
-   replica holding its system prompt.
-3. Power-of-two fallback. When no candidate holds any prefix and there are more than two, take
+2. Prefix affinity. Among the candidates, the one that would compute the fewest of the
+   request's blocks wins; among equals, the least loaded. A replica's score is the leading run
+   of the request's block hashes (routing/prefix.py, or the engine's own from the KV index) it
+   holds in HBM, plus the run it can continue from its host-memory tier, each of those blocks
+   worth `request.host_block_value` of an HBM one (loading it over PCIe costs the rest). A
+   session's later turns go where its conversation is cached; a first turn goes to the least
+   loaded replica holding its system prompt. A best score under `min_hit_share` of the prompt's
+   blocks (0.25) does not pin the request: a chat template or a short preamble that every
+   request shares would otherwise keep it on the replicas that served first while others idle.
+3. Power-of-two fallback. When no candidate holds enough prefix and there are more than two, take
    two at random and the less loaded wins (Mitzenmacher's power of two choices). Strictly
    least-loaded is better with fresh stats, but the live ingress sees replica stats every
    ~100 ms and every request between two updates sees the same snapshot: least-loaded sends
@@ -31,9 +36,10 @@ The rule, in three steps:
 The ranking is the pick first, then every other eligible replica least loaded first: the caller
 falls back down the list when the first refuses.
 
-Matching assumes a replica's cached set is prefix-closed (if it holds hash i it holds hashes
+Matching assumes a replica's HBM set is prefix-closed (if it holds hash i it holds hashes
 0..i-1), as chained hashes in an LRU that evicts tail blocks first are; so the longest match is
-found by binary search, O(log blocks) set lookups per replica.
+found by binary search, O(log blocks) set lookups per replica. The host run is walked block by
+block (only where a replica has a host tier).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest
 from hbmserve.core.scaling import ReplicaState
 
 DEFAULT_AFFINITY_SLACK = 32
+DEFAULT_MIN_HIT_SHARE = 0.25
 _M64 = (1 << 64) - 1
 
 
@@ -72,6 +79,18 @@ def matched_blocks(hashes: Sequence[int], cached: Set[int]) -> int:
     return lo
 
 
+def tiered_blocks(hashes: Sequence[int], hbm: Set[int], host: Set[int]) -> tuple[int, int]:
+    """(leading run in HBM, how far the host tier continues it): what an engine with an
+    offloading connector finds locally, then loads."""
+    m = matched_blocks(hashes, hbm)
+    if not host:
+        return m, 0
+    n = m
+    while n < len(hashes) and (hashes[n] in host or hashes[n] in hbm):
+        n += 1
+    return m, n - m
+
+
 def mix(salt: int) -> int:
     """splitmix64: a request counter to 64 well-mixed bits (consecutive counters look unrelated)."""
     z = (salt + 0x9E3779B97F4A7C15) & _M64
@@ -88,29 +107,39 @@ def two_choices(n: int, salt: int) -> tuple[int, int]:
 
 
 def choose(replicas: Iterable[ReplicaLoad], request: RouteRequest,
-           affinity_slack: int = DEFAULT_AFFINITY_SLACK) -> RouteDecision:
+           affinity_slack: int = DEFAULT_AFFINITY_SLACK, min_hit_share: float = DEFAULT_MIN_HIT_SHARE) -> RouteDecision:
     by_load = active_by_load(replicas)
     if not by_load:
         return RouteDecision((), "no active replica")
     hashes = request.prefix_hashes
     floor = min(ongoing(r) for r in by_load)
     near = [r for r in by_load if ongoing(r) <= floor + affinity_slack]
-    matched = [matched_blocks(hashes, r.cached_prefixes) for r in near]
-    best = max(matched)
-    pool = [r for r, m in zip(near, matched) if m == best]  # still least loaded first
-    if best:
+    tiers = [tiered_blocks(hashes, r.cached_prefixes, r.host_prefixes) for r in near]
+    scores = [m + request.host_block_value * h for m, h in tiers]
+    best = max(scores)
+    pool = [r for r, sc in zip(near, scores) if sc == best]  # still least loaded first
+    # A prefix worth less than `min_hit_share` of the prompt (a chat template, a one-block
+    # preamble every request shares) does not pin the request: held by the replicas that
+    # served before, it would keep a new one idle until the slack spills.
+    small = 0 < best < min_hit_share * len(hashes)
+    if small:
+        pool = near
+    cached = f"only {best:g}/{len(hashes)} prefix blocks cached" if small else "no prefix cached"
+    if best and not small:
         pick = pool[0]
-        why = (f"prefix affinity: {pick.replica_id} holds {best}/{len(hashes)} prefix blocks"
+        m, h = tiers[near.index(pick)]
+        why = (f"prefix affinity: {pick.replica_id} holds {m}/{len(hashes)} prefix blocks"
+               + (f" (+{h} in its host tier)" if h else "")
                + (f", least loaded of the {len(pool)} that do" if len(pool) > 1 else ""))
     elif len(pool) <= 2:
         pick = pool[0]
-        why = f"least loaded, no prefix cached: {pick.replica_id}"
+        why = f"least loaded, {cached}: {pick.replica_id}"
     else:
         i, j = two_choices(len(pool), request.salt)
         pick = pool[min(i, j)]
-        why = f"two choices, no prefix cached: {pick.replica_id} over {pool[max(i, j)].replica_id}"
+        why = f"two choices, {cached}: {pick.replica_id} over {pool[max(i, j)].replica_id}"
     far = [r.replica_id for r in by_load if ongoing(r) > floor + affinity_slack
-           and matched_blocks(hashes, r.cached_prefixes) > best]
+           and matched_blocks(hashes, r.cached_prefixes) > best]  # HBM alone beats the pick
     if far:
         why += f"; longer prefix on {', '.join(far)} skipped: over {affinity_slack} requests more than {floor}"
     return RouteDecision((pick.replica_id, *(r.replica_id for r in by_load if r is not pick)),

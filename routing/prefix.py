@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Iterable, KeysView, Mapping, Sequence
 from typing import Any
 
 DEFAULT_BLOCK_CHARS = 64
@@ -76,3 +77,28 @@ def _content_text(content: Any) -> str:
         return "".join(p.get("text", "") if isinstance(p, Mapping) and p.get("type") == "text"
                        else json.dumps(p, sort_keys=True, default=str) for p in content)
     return json.dumps(content, sort_keys=True, default=str)
+
+
+class RecentPrefixes:
+    """The approximate picture of one replica's prefix cache: the last `capacity` block hashes
+    routed to it, most recent kept. What the router falls back to when the engines publish no
+    KV events; blind to evictions, restarts and other front doors' traffic."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._lru: OrderedDict[int, None] = OrderedDict()
+
+    def remember(self, hashes: Sequence[int]) -> None:
+        # Last first, so a prefix's head is the newest and goes last: the set stays
+        # prefix-closed, which choose's binary search relies on.
+        for h in reversed(hashes):
+            self._lru[h] = None
+            self._lru.move_to_end(h)
+        while len(self._lru) > self.capacity:
+            self._lru.popitem(last=False)
+
+    def keys(self) -> KeysView[int]:
+        return self._lru.keys()
+
+    def __len__(self) -> int:
+        return len(self._lru)

@@ -2,9 +2,12 @@
 and a trace of arrivals, all on a virtual clock.
 
 The router is `hbmserve.routing.choose.choose` unless another is passed. It sees each engine's
-queue, KV usage and prefix cache as of now, or, with `stats_interval_s` > 0, the queues and KV
-usage as of the last refresh at most that long ago, as the live ingress does (it polls replica
-stats); the cached-prefix sets stay live either way. The policy is any
+queue and KV usage as of now, or, with `stats_interval_s` > 0, as of the last refresh at most
+that long ago, as the live ingress does (it polls replica stats). What each replica's prefix
+cache holds comes from `prefix_source`: EVENTS, the KV index kept from the engines' KV events
+(each engine step publishes a batch; `kv_event_lag_s` delays their arrival), as the live door
+does when the engines publish them; or ROUTED, the hashes last routed to each replica (as many
+as its HBM holds), the approximate fallback. The policy is any
 callable `policy(snapshot, state) -> (ScaleDecision, state)` - the very function the live
 autoscaler calls (bind its config with functools.partial). Without a policy the replica count
 stays fixed.
@@ -17,6 +20,7 @@ from the moment its start-up begins until it is removed, standby included.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import deque
@@ -29,13 +33,14 @@ import numpy as np
 from hbmserve.autoscale.roles import VictimCandidate, scale_down_victims
 from hbmserve.core.config import SloSeconds
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
-from hbmserve.core.routing import ReplicaLoad, RouteRequest, Router
+from hbmserve.core.routing import PrefixSource, ReplicaLoad, RouteRequest, Router
 from hbmserve.routing.choose import choose
 
 from hbmserve.traces.arrivals import Arrivals
 from hbmserve.capacity.engine_core import EngineConfig, EngineCore, Plan, SimRequest
 from hbmserve.capacity.perf_model import Deployment, StepCostModel, cost_model
 from hbmserve.capacity.scenario import Scenario
+from hbmserve.sim.kv_view import SimKvView
 from hbmserve.sim.metrics import SimResult
 from hbmserve.sim.run_result import result_of
 
@@ -94,12 +99,18 @@ class _Replica:
 
 class _Run:
     def __init__(self, spec: SimCluster, arrivals: Arrivals, policy: PolicyBinding | None,
-                 router: Router, sample_s: float, max_drain_s: float, stats_interval_s: float = 0.0) -> None:
+                 router: Router, sample_s: float, max_drain_s: float, stats_interval_s: float = 0.0,
+                 prefix_source: PrefixSource = PrefixSource.EVENTS, kv_event_lag_s: float = 0.0) -> None:
         self.spec, self.arr, self.pb, self.router = spec, arrivals, policy, router
         self.stats_interval_s = stats_interval_s
+        eng = spec.engine
+        self.engine_cfg = dataclasses.replace(
+            eng, publish_kv_events=prefix_source is PrefixSource.EVENTS and eng.enable_prefix_caching)
+        self.kv = SimKvView(prefix_source, kv_event_lag_s, max(1, eng.num_blocks * eng.block_size // eng.hash_block_tokens))
         self.loads: list[ReplicaLoad] = []
         self.loads_at = -math.inf
         self.cost: StepCostModel = cost_model(spec.deployment)
+        self.host_value = self.cost.host_block_value(spec.engine.hash_block_tokens) if spec.engine.host_kv_tokens else 0.0
         self.overhead = spec.deployment.gpu.overheads.request_s
         self.sample_s, self.max_drain_s = sample_s, max_drain_s
         self.heap: list[tuple[float, int, int, _Replica | None, int]] = []
@@ -131,7 +142,7 @@ class _Run:
         heapq.heappush(self.heap, (t, self.seq, kind, rep, epoch))
 
     def new_replica(self, state: ReplicaState, now: float, ready_at: float, tier: Tier | None = None) -> _Replica:
-        rep = _Replica(self.next_id, state, EngineCore(self.spec.engine, self.cost), now, ready_at, tier)
+        rep = _Replica(self.next_id, state, EngineCore(self.engine_cfg, self.cost), now, ready_at, tier)
         self.next_id += 1
         self.replicas.append(rep)
         self.all.append(rep)
@@ -151,6 +162,7 @@ class _Run:
         if rep in self.active:
             self.active.remove(rep)
         self.preemptions_of_removed += rep.engine.preemptions
+        self.kv.forget(rep.rid)
 
     # ---- requests ----
     def route(self, req: SimRequest, now: float) -> None:
@@ -161,9 +173,11 @@ class _Run:
             rep = self.active[0]
         else:
             loads = self.router_view(now)
-            ask = RouteRequest(req.prompt, req.max_tokens, prefix_hashes=req.hashes, salt=req.rid)
+            ask = RouteRequest(req.prompt, req.max_tokens, prefix_hashes=req.hashes, salt=req.rid,
+                               host_block_value=self.host_value)
             best = self.router(loads, ask).ranked[0]
             rep = next(r for r in self.active if r.rid == best)
+        self.kv.routed(rep.rid, req.hashes)
         if not rep.engine.add(req):
             self.rejected += 1
             self.inflight -= 1
@@ -182,15 +196,18 @@ class _Run:
         if (now < self.loads_at + self.stats_interval_s
                 and [x.replica_id for x in self.loads] == [r.rid for r in self.active]):
             return self.loads
-        # What each engine's prefix cache holds (a live view), not what was routed there:
-        # evictions show, and a replica without prefix caching offers no affinity.
-        self.loads = [ReplicaLoad(r.rid, r.state, r.engine.num_waiting, r.engine.num_running, r.engine.kv_usage(),
-                                  r.engine.cache.cached if r.engine.cache else frozenset()) for r in self.active]
+        self.loads = [self.load_of(r, now) for r in self.active]
         self.loads_at = now
         return self.loads
 
+    def load_of(self, r: _Replica, now: float) -> ReplicaLoad:
+        hbm, host = self.kv.sets(r.rid, now)
+        return ReplicaLoad(r.rid, r.state, r.engine.num_waiting, r.engine.num_running, r.engine.kv_usage(),
+                           hbm, host)
+
     def start(self, rep: _Replica, now: float) -> None:
         plan = rep.engine.plan()
+        self.kv.published(rep.rid, rep.engine.take_kv_events(), now)
         rep.plan = plan
         if plan is None:
             if rep.state is ReplicaState.DRAINING and not rep.engine.has_work():
@@ -382,8 +399,10 @@ class _Run:
 
 def simulate(spec: SimCluster, arrivals: Arrivals, policy: PolicyBinding | None = None,
              router: Router = choose, sample_s: float = 1.0, max_drain_s: float = 3600.0,
-             stats_interval_s: float = 0.0) -> SimResult:
+             stats_interval_s: float = 0.0, prefix_source: PrefixSource = PrefixSource.EVENTS,
+             kv_event_lag_s: float = 0.0) -> SimResult:
     """Replay `arrivals` through the cluster; pure apart from CPU time (no I/O, no wall clock)."""
-    run = _Run(spec, arrivals, policy, router, sample_s, max_drain_s, stats_interval_s)
+    run = _Run(spec, arrivals, policy, router, sample_s, max_drain_s, stats_interval_s, prefix_source,
+               kv_event_lag_s)
     end = run.run()
     return result_of(run, end)

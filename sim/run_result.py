@@ -37,10 +37,12 @@ def result_of(run: _Run, end: float) -> SimResult:
         gpu_seconds=rep_s * gpus, usd_per_gpu_hour=price, makespan_s=max(end, 1e-9),
         replica_seconds=rep_s, peak_replicas=peak, slo_ttft_s=run.spec.slo.ttft_s, slo_tpot_s=run.spec.slo.tpot_s,
         prompt_tokens=sum(r.engine.prompt_tokens for r in run.all),
-        prefix_hit_tokens=sum(r.engine.prefix_hit_tokens for r in run.all))
+        prefix_hit_tokens=sum(r.engine.prefix_hit_tokens for r in run.all),
+        host_hit_tokens=sum(r.engine.host_hit_tokens for r in run.all))
     stats = tuple(ReplicaStats(r.rid, r.engine.steps, r.engine.busy_s, r.engine.tokens_processed,
                                r.engine.max_used_blocks, r.engine.cfg.num_blocks, r.engine.preemptions,
-                               (r.removed if r.removed is not None else end) - r.created) for r in run.all)
+                               (r.removed if r.removed is not None else end) - r.created,
+                               r.engine.prompt_tokens, r.engine.prefix_hit_tokens) for r in run.all)
     met = np.zeros(len(run.arr), dtype=bool)
     ttft, tpot, _ = request_latencies(arrival, first, finish, output)
     met[np.fromiter((r.rid for r in done), np.int64, len(done))] = meets_slo(

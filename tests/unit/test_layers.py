@@ -18,6 +18,7 @@ LAYERS: dict[str, int] = {
     "core": 0,  # config schema and shared types; imports nothing of hbmserve
     # Brains, pure: decisions and models over snapshots, time passed in.
     "capacity": 1, "placement": 1, "autoscale": 1, "routing": 1, "access": 1,
+    "kvindex": 1,  # the KV index: which blocks each replica holds, kept from its engine's KV events
     "traces": 1,  # arrival traces: generators and loaders, the simulator's and the benchmarks' input
     # The node's weight cache: does I/O, but imports only core and sits with the brains so that
     # a replica can resolve its model through it; its decision (eviction) is pure.
