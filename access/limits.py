@@ -11,7 +11,7 @@ so retrying costs nothing.
 
 Several front doors (one per node) admit for one cluster, each with its own buckets. Each holds
 a `doors`-th of every limit (capacity and refill), as admission splits a model's capacity
-(ingress/front_door_queue.py), so together they admit at most the tenant's limit over any
+(deployments/ingress/front_door_queue.py), so together they admit at most the tenant's limit over any
 window, without a shared store on the request path. The price: a request larger than one
 door's share can never be admitted (TooLarge, saying so), and a tenant whose clients all reach
 one door gets that door's share only.

@@ -34,7 +34,7 @@ class PathClass(str, Enum):
 
 
 # The dashboard page asks for the admin token in the browser and sends it with each data request
-# (ingress/dashboard_feed.py); the page itself must load without it.
+# (deployments/ingress/dashboard_feed.py); the page itself must load without it.
 DASHBOARD_PAGE_PATHS = frozenset({"/hbm/dashboard", "/hbm/dashboard/app.js", "/hbm/dashboard/app.css"})
 PUBLIC_PATHS = frozenset({"/health"}) | DASHBOARD_PAGE_PATHS
 INFERENCE_PREFIX = "/v1/"

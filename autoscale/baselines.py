@@ -7,7 +7,7 @@
 * queue_threshold_decide: +1 above a queue-length threshold, -1 below another, with a cool-down.
 
 What a Kubernetes user would run instead (the HPA, KEDA) is in k8s_baselines.py; the static
-frontier (every fixed fleet, static-peak's decide at each count) in sim/frontier.py. None keeps
+frontier (every fixed fleet, static-peak's decide at each count) in capacity/sim/frontier.py. None keeps
 standbys: their decisions carry an empty target_standby.
 """
 

@@ -3,7 +3,7 @@
     oracle_decide(snapshot, config, state) -> (ScaleDecision, state)
 
 reads the target off `config.schedule` at `snapshot.now`; nothing in the snapshot matters. The
-schedule is built by the driver that knows the trace (sim/oracle_search.py: the fewest replicas per
+schedule is built by the driver that knows the trace (capacity/sim/oracle_search.py: the fewest replicas per
 interval that meet the SLO, found with the simulator) through `cover`, which turns "replicas
 needed to serve in each interval" into the cheapest schedule of replicas to hold, start-up
 included.

@@ -3,7 +3,7 @@
     decide(snapshot, config, state) -> (ScaleDecision, PolicyState)
 
 Pure: no I/O, no wall clock (time is `snapshot.now`). The live adapter
-(control/autoscaling.py) and the simulator (sim/cluster_sim.py) call this same function.
+(deployments/control/autoscaling.py) and the simulator (capacity/sim/cluster_sim.py) call this same function.
 
 `decide` runs named stages (stages.py), each a pure function of frozen values:
 

@@ -1,7 +1,7 @@
 """One autoscaling config, built in one place: a model's config-file section -> AutoscaleConfig.
 
 Every entry point that runs a policy hands `decide` what this returns for the same model: the
-live Ray Serve adapter (apps/autoscaling_options.py `live_policy`), `hbmserve simulate --policy`, `hbmserve
+live Ray Serve adapter (deployments/apps/autoscaling_options.py `live_policy`), `hbmserve simulate --policy`, `hbmserve
 autoscale evaluate` and the baselines derived from it (registry.py), and `hbmserve plan`'s
 suggested autoscaling section (tests/unit/autoscale/test_autoscale_config.py proves they agree).
 
@@ -143,10 +143,10 @@ def autoscale_config_for(model: ModelSpec, estimated_capacity_rps: float | None 
     it from the traffic it replays (the capacity model at the trace's lengths). It is used only
     when the config file does not state `replica_capacity_rps`, which always wins.
     `tpot_floor_s`: the lowest TPOT a replica reaches with the model's engine settings, from the
-    capacity model (capacity/scenario.py `tpot_floor_s`; this brain may not import it, so every
+    capacity model (capacity/perf/scenario.py `tpot_floor_s`; this brain may not import it, so every
     driver passes it in); None: unknown, every TPOT miss is taken as one replicas can fix.
     `estimated_startup_s`: seconds to serving per tier from the start-up model, fed by what was
-    measured (capacity/startup_measured.py `startup_estimate`; passed in for the same reason).
+    measured (capacity/perf/startup_measured.py `startup_estimate`; passed in for the same reason).
     Used only when the config file does not state `startup_s`, which always wins; None: the
     schema's defaults.
     """

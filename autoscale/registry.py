@@ -8,11 +8,11 @@ the model (autoscale/policy_config.py, the one builder), so runs compare like fo
 
 Besides hbmserve and Ray Serve's default, the baselines are what a platform engineer would
 deploy without hbmserve: a fixed fleet sized for the peak (static-peak; every size is the static
-frontier, sim/frontier.py), a queue threshold, and on Kubernetes the HPA or KEDA on the queue
+frontier, capacity/sim/frontier.py), a queue threshold, and on Kubernetes the HPA or KEDA on the queue
 with their stock defaults (k8s-hpa, keda: k8s_baselines.py).
 
 The oracle is the exception: it is `clairvoyant`, planned from the whole trace and the
-simulator by its driver (sim/oracle_search.py), so its config is a schedule, not derived here.
+simulator by its driver (capacity/sim/oracle_search.py), so its config is a schedule, not derived here.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def keda_config(config: AutoscaleConfig, peak_rps: float | None = None) -> KedaC
 
 def oracle_config(config: AutoscaleConfig, peak_rps: float | None = None) -> OracleConfig:
     raise ValueError("the oracle's config is a schedule planned from the whole trace by its "
-                     "driver (sim/oracle_search.py plan_oracle), not derived from a config")
+                     "driver (capacity/sim/oracle_search.py plan_oracle), not derived from a config")
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class PolicyEntry:
     # (hbmserve's AutoscaleConfig for the model, the trace's peak rps or None) -> this policy's config
     make_config: Callable[[AutoscaleConfig, float | None], Any]
     initial_state: Callable[[], Any]
-    # True: the policy is planned from the whole trace by the driver (sim/oracle_search.py), which
+    # True: the policy is planned from the whole trace by the driver (capacity/sim/oracle_search.py), which
     # builds its config; make_config is not called.
     clairvoyant: bool = False
 

@@ -12,7 +12,7 @@ running) first, ties newest first. Taking a replica out of rotation costs the re
 they finish where they are (a drain) while the rest of the fleet takes the new ones, so the
 least-loaded replica is the cheapest to lose and the fleet's remaining load stays largest.
 Among equals the newest goes: its prefix cache is the least warmed, and Serve too stops the
-newest first on a node. The simulator drains exactly these (sim/cluster_sim.py `scale_down`); live,
+newest first on a node. The simulator drains exactly these (capacity/sim/cluster_sim.py `scale_down`); live,
 `assign_roles` demotes exactly these to standby.
 
 What the rule cannot reach live: which replica Ray Serve STOPS. A custom autoscaling policy

@@ -4,12 +4,12 @@
 
 A model with `autoscaling.hot_standby.sleep` keeps its hot standbys in the engine's sleep mode
 (vLLM level 1: weights offloaded to host memory, KV freed), so a standby holds no HBM idle. The
-replica learns its role from the policy's decision (apps/model_app.py `_role`) and asks
-this function what to do; replica/standby_sleep.py does it.
+replica learns its role from the policy's decision (deployments/apps/model_app.py `_role`) and asks
+this function what to do; deployments/replica/standby_sleep.py does it.
 
 The rules, and why:
 * Active -> awake. A promoted replica wakes before it serves: requests that reach it meanwhile
-  are held at its door until the wake is done (replica/standby_sleep.py `AwakeGate`).
+  are held at its door until the wake is done (deployments/replica/standby_sleep.py `AwakeGate`).
 * Standby with nothing in flight -> asleep. Never with requests in flight: vLLM's sleep aborts
   what is running, so a demoted replica first finishes its requests (the front door routes no
   new ones to a standby). There is no separate drain timer: the replica asks again every tick,

@@ -1,7 +1,7 @@
 """Which planned replica slots run for a replica target. Pure.
 
 A model that is both autoscaled and placed by the planner has `max_replicas` planned slots, each
-its own Serve deployment pinned to its NVLink island (apps/placed_app.py). The policy's
+its own Serve deployment pinned to its NVLink island (deployments/apps/placed_app.py). The policy's
 answer is one number, the replicas to run (active + hot standbys); this turns it into a 0/1 per
 slot. Slots fill lowest first, so scale-down always removes the highest slots first, and the
 replica that Serve stops is known in advance: the roles (roles.py) are assigned among the

@@ -168,7 +168,7 @@ class PoolHold:
     """One tier's standby count after hysteresis: what is held, and the change pending.
 
     Ordering a standby starts a replica that bills from its order; cancelling it before it
-    serves is churn (sim/evaluate.py counts it as a scale action). Sizing alone moves with
+    serves is churn (capacity/sim/evaluate.py counts it as a scale action). Sizing alone moves with
     every wobble of the rate's spread, so a count is changed only once the wish has stayed on
     one side of it for a delay: up after `up_delay_s`, to the lowest count wished meanwhile;
     down after `down_delay_s`, to the highest (Kubernetes HPA's stabilisation, both ways)."""

@@ -8,18 +8,18 @@ exits 2.
 `evaluate --json` prints one JSON object for one policy; for `--policy all`, an object with the
 run's settings and `policies`: {name: object}. Each object carries at least slo_attainment,
 ttft_p95_s, gpu_hours, cost_usd, scale_actions (target changes + cancelled starts),
-scale_actions_per_hour and dropped_requests (see sim/evaluate.py for how each is counted); when
+scale_actions_per_hour and dropped_requests (see capacity/sim/evaluate.py for how each is counted); when
 the oracle ran (`--policy all` or `oracle`), every object also carries gpu_hours_vs_oracle and
 the oracle's own carries how it was planned (`oracle`: aim, ceiling, trials, the fixed fleets
 it tried). With the static frontier (`--frontier`, on by default for `all`), the output also
 carries `static_frontier` (one row per fixed fleet: replicas, gpu_hours, slo_attainment, ...)
 and every policy object `dominated_by` (the fixed fleets that get at least its attainment for no
-more GPU-hours, sim/frontier.py). When the oracle ran and any policy or fixed fleet reaches its
+more GPU-hours, capacity/sim/frontier.py). When the oracle ran and any policy or fixed fleet reaches its
 attainment with fewer GPU-hours, the command prints its output, then one `error: ...` line
 naming them, and exits 1: the oracle is not the limit it claims to be. The single object,
 or the settings of `all`, also carry `slo_feasible` and `slo_blocker`: whether the config's engine
 settings can meet its SLO on this trace at any replica count up to max_replicas
-(capacity/slo_cap.py), and why not.
+(capacity/perf/slo_cap.py), and why not.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def evaluate_cmd(
                                         "queue-threshold, k8s-hpa, keda, oracle (planned from "
                                         "the whole trace: the limit), or all (side by side)")],
     config: Annotated[Optional[Path], typer.Option("--config", help="cluster YAML; default: the "
-                                                   "reference cluster (sim/data/"
+                                                   "reference cluster (capacity/sim/data/"
                                                    "reference_cluster.yaml)")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="model in the config "
                                                  "(default: first)")] = None,
@@ -72,13 +72,13 @@ def evaluate_cmd(
     """Replay a trace through the simulated cluster under one scaling policy (or all of them)."""
     from hbmserve.autoscale.registry import POLICIES
     from hbmserve.core.scaling import Tier
-    from hbmserve.traces.arrivals import read_trace
+    from hbmserve.capacity.traces.arrivals import read_trace
 
     from hbmserve.cli.slo_gate import check_slo, slo_check_for
-    from hbmserve.sim.comparison import compare
-    from hbmserve.sim.evaluate import TraceScaling, eval_config, load_eval_cluster, scale_trace
-    from hbmserve.sim.frontier import frontier_rows
-    from hbmserve.sim.oracle_search import OracleUndercut
+    from hbmserve.capacity.sim.comparison import compare
+    from hbmserve.capacity.sim.evaluate import TraceScaling, eval_config, load_eval_cluster, scale_trace
+    from hbmserve.capacity.sim.frontier import frontier_rows
+    from hbmserve.capacity.sim.oracle_search import OracleUndercut
 
     names = list(POLICIES) if policy == ALL else [policy]
     if policy != ALL and policy not in POLICIES:
@@ -99,7 +99,7 @@ def evaluate_cmd(
                          frontier=policy == ALL if frontier is None else frontier)
     results, oracle = list(comparison.results), comparison.oracle
     if plot is not None:
-        from hbmserve.sim.eval_plot import plot_replicas_vs_load
+        from hbmserve.capacity.sim.eval_plot import plot_replicas_vs_load
 
         plot_replicas_vs_load(results, plot, f"{trace.name}: {cluster.model_name} on "
                               f"{cluster.scenario.deployment.gpu.name} "
@@ -230,8 +230,8 @@ def burst_trace_cmd(
     prompt_tokens: Annotated[float, typer.Option("--prompt-tokens", help="mean")] = 1000.0,
     output_tokens: Annotated[float, typer.Option("--output-tokens", help="mean")] = 200.0,
 ) -> None:
-    """Write a synthetic trace with sharp bursts (see traces/burst_trace.py)."""
-    from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals
+    """Write a synthetic trace with sharp bursts (see capacity/traces/burst_trace.py)."""
+    from hbmserve.capacity.traces.burst_trace import BurstSpec, burst_arrivals
 
     spec = _spec(BurstSpec, duration_s=duration, base_rps=base_rps, burst_rps=burst_rps,
                  bursts=bursts, burst_s=burst_s, prompt_tokens=prompt_tokens,
@@ -249,8 +249,8 @@ def code_trace_cmd(
     prompt_tokens: Annotated[float, typer.Option("--prompt-tokens", help="mean")] = 2000.0,
     output_tokens: Annotated[float, typer.Option("--output-tokens", help="mean")] = 32.0,
 ) -> None:
-    """Write a synthetic prompt-heavy (code completion) trace (see traces/code_trace.py)."""
-    from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals
+    """Write a synthetic prompt-heavy (code completion) trace (see capacity/traces/code_trace.py)."""
+    from hbmserve.capacity.traces.code_trace import CodeTraceSpec, code_arrivals
 
     spec = _spec(CodeTraceSpec, duration_s=duration, base_rps=base_rps, peak_rps=peak_rps,
                  spikes=spikes, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
@@ -271,8 +271,8 @@ def lulls_trace_cmd(
     prompt_tokens: MixPromptTokens = None,
     output_tokens: MixOutputTokens = None,
 ) -> None:
-    """Write a synthetic trace of heavy-tailed lulls and bursts (see traces/lulls_trace.py)."""
-    from hbmserve.traces.lulls_trace import LullsTraceSpec, lulls_arrivals
+    """Write a synthetic trace of heavy-tailed lulls and bursts (see capacity/traces/lulls_trace.py)."""
+    from hbmserve.capacity.traces.lulls_trace import LullsTraceSpec, lulls_arrivals
 
     spec = _spec(LullsTraceSpec, duration_s=duration, lull_rps=lull_rps, burst_rps=burst_rps,
                  lull_s=lull_s, burst_s=burst_s, mix=mix, diurnal_amplitude=diurnal_amplitude,
@@ -294,8 +294,8 @@ def diurnal_trace_cmd(
     prompt_tokens: MixPromptTokens = None,
     output_tokens: MixOutputTokens = None,
 ) -> None:
-    """Write a synthetic diurnal trace with bursts on the swell (see traces/diurnal_trace.py)."""
-    from hbmserve.traces.diurnal_trace import DiurnalTraceSpec, diurnal_arrivals
+    """Write a synthetic diurnal trace with bursts on the swell (see capacity/traces/diurnal_trace.py)."""
+    from hbmserve.capacity.traces.diurnal_trace import DiurnalTraceSpec, diurnal_arrivals
 
     spec = _spec(DiurnalTraceSpec, duration_s=duration, base_rps=base_rps, amplitude=amplitude,
                  period_s=period, bursts=bursts, mix=mix, prompt_tokens=prompt_tokens,

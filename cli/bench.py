@@ -133,7 +133,7 @@ def bench_cmd(
                                                          "record (times, tokens, error) as JSON lines")] = None,
 ) -> None:
     """Benchmark an OpenAI-compatible endpoint: TTFT, TPOT, ITL, E2E, throughput, goodput, errors."""
-    from hbmserve.traces.arrivals import length_stream
+    from hbmserve.capacity.traces.arrivals import length_stream
     from hbmserve.ops.bench_clients import Endpoint, check_endpoint, completions_url
     from hbmserve.ops.loadgen import PROMPT_FORMATS, LoadSpec
 
@@ -160,7 +160,7 @@ def bench_cmd(
 
             config_model = model_for(load_cluster_spec(predict), model, str(predict))
             if catalog is not None:
-                from hbmserve.capacity.hardware import load_catalog
+                from hbmserve.capacity.perf.hardware import load_catalog
 
                 profiles = load_catalog(catalog)
         slo = _slo(slo_ttft_ms, slo_tpot_ms, config_model)

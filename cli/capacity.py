@@ -24,7 +24,7 @@ SYNTHETIC_LENGTH_CV = 0.5  # --rate loads: prompt and output lengths lognormal w
 def arrivals_for(trace: Optional[Path], rate: Optional[float], duration: float, prompt: float, output: float,
                  burstiness: float, seed: int, time_scale: float):
     """A trace file (stretched by time_scale), or synthetic gamma arrivals at `rate`."""
-    from hbmserve.traces.arrivals import gamma_arrivals, read_trace
+    from hbmserve.capacity.traces.arrivals import gamma_arrivals, read_trace
 
     if trace is not None:
         arr = read_trace(trace)
@@ -80,9 +80,9 @@ def _registry_policy(name: str, m: Any, sc: Any, arr: Any) -> tuple[Any, Any, di
     file does not state it."""
     from hbmserve.autoscale.policy_config import autoscale_config_for
     from hbmserve.autoscale.registry import POLICIES
-    from hbmserve.capacity.scenario import tpot_floor_s
-    from hbmserve.capacity.startup_measured import startup_estimate
-    from hbmserve.sim.evaluate import estimate_capacity_rps
+    from hbmserve.capacity.perf.scenario import tpot_floor_s
+    from hbmserve.capacity.perf.startup_measured import startup_estimate
+    from hbmserve.capacity.sim.evaluate import estimate_capacity_rps
 
     entry = POLICIES.get(name)
     if entry is None:
@@ -136,11 +136,11 @@ def simulate_cmd(
 
     from hbmserve.core.config import load_cluster_spec
     from hbmserve.core.scaling import Tier
-    from hbmserve.sim.evaluate import with_startup
+    from hbmserve.capacity.sim.evaluate import with_startup
 
-    from hbmserve.sim.cluster_sim import PolicyBinding, cluster_for, simulate
-    from hbmserve.capacity.hardware import load_catalog
-    from hbmserve.capacity.scenario import scenario_for
+    from hbmserve.capacity.sim.cluster_sim import PolicyBinding, cluster_for, simulate
+    from hbmserve.capacity.perf.hardware import load_catalog
+    from hbmserve.capacity.perf.scenario import scenario_for
 
     try:
         spec = load_cluster_spec(config)
@@ -176,13 +176,13 @@ def simulate_cmd(
            "model_shape": sc.deployment.model.name, "tp": sc.deployment.tp, "pp": sc.deployment.pp,
            "replicas": sc.replicas, "usd_per_gpu_hour": sc.usd_per_gpu_hour, **check.to_json_dict()}
     if arr.hashes is not None and sc.engine.enable_prefix_caching:
-        from hbmserve.sim.prefix_bounds import cluster_capacity_hashes, prefix_bounds
+        from hbmserve.capacity.sim.prefix_bounds import cluster_capacity_hashes, prefix_bounds
 
         fleet = max(sc.replicas, s.peak_replicas)
         out.update(prefix_bounds(arr, cluster_capacity_hashes(sc.engine, fleet), sc.engine.hash_block_tokens)
                    .to_json_dict())
     if plot is not None:
-        from hbmserve.sim.plots import plot_timeseries
+        from hbmserve.capacity.sim.plots import plot_timeseries
 
         plot_timeseries(result, plot, f"{m.name}: {sc.deployment.model.name} on {sc.deployment.gpu.name} "
                                       f"TP{sc.deployment.tp}, {len(arr)} requests")
@@ -261,10 +261,10 @@ def plan_cmd(
     """Search GPU x TP x PP x quantisation x engine knobs x replicas for the cheapest plan meeting the SLO."""
     from hbmserve.cli import plan_emit
     from hbmserve.core.config import SloSeconds
-    from hbmserve.capacity.hardware import load_catalog
-    from hbmserve.capacity.model_shape import load_model_shape
-    from hbmserve.planning.planner import SearchSpace, plan
-    from hbmserve.capacity.scenario import resolve_gpu_name
+    from hbmserve.capacity.perf.hardware import load_catalog
+    from hbmserve.capacity.perf.model_shape import load_model_shape
+    from hbmserve.capacity.planning.planner import SearchSpace, plan
+    from hbmserve.capacity.perf.scenario import resolve_gpu_name
 
     if (rate is None) == (trace is None):
         raise fail("give exactly one of --rate RPS or --trace FILE")
@@ -297,7 +297,7 @@ def plan_cmd(
                       confirm_top=confirm_top, sim_arrivals=sim_arr,
                       progress=lambda d, t, label: bar.update(task, completed=d, total=t, description=label))
     if plot is not None and result.plans:
-        from hbmserve.planning.frontier_plot import plot_frontier
+        from hbmserve.capacity.planning.frontier_plot import plot_frontier
 
         plot_frontier(result.plans, plot, slo.ttft_s, slo.tpot_s, f"{shape.name}: cost vs latency")
     if json_out:
@@ -322,7 +322,7 @@ def plan_cmd(
 
 def _quantizations(text: str) -> tuple[str | None, ...]:
     """`--quantization bf16,fp8` -> (None, "fp8"); unknown names are a user error."""
-    from hbmserve.capacity.model_shape import ModelConfigError, weight_format
+    from hbmserve.capacity.perf.model_shape import ModelConfigError, weight_format
 
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     if not names:
@@ -370,7 +370,7 @@ def _print_plans(result: Any, top: int, model_name: str) -> None:
     if not result.feasible and result.plans and result.plans[0].status != "candidate":
         c.print(f"[red]blocked:[/] {result.plans[0].reason}")
     if result.plans:
-        from hbmserve.planning.planner import AUTOSCALING_KEYS
+        from hbmserve.capacity.planning.planner import AUTOSCALING_KEYS
 
         first = result.plans[0]
         section = first.autoscaling().model_dump(include=AUTOSCALING_KEYS)

@@ -35,7 +35,7 @@ def _load_file(path: Path, node: Optional[str] = None) -> ClusterTopology:
 
 
 def _discover_local(node: str, domain: Optional[str], rack: Optional[str]) -> ClusterTopology:
-    from hbmserve.placement_io.nvml_discovery import discover_node, load_pynvml
+    from hbmserve.placement.io.nvml_discovery import discover_node, load_pynvml
     from hbmserve.placement.topology import ClusterTopology
 
     try:

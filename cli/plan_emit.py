@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, Optional
 from hbmserve.cli.user_errors import EXIT_FAILED, fail
 
 if TYPE_CHECKING:
-    from hbmserve.capacity.slo_cap import SloCheck
+    from hbmserve.capacity.perf.slo_cap import SloCheck
     from hbmserve.core.config import SloSeconds
-    from hbmserve.planning.emit_config import EmitTarget
-    from hbmserve.planning.plan_types import PlanCandidate
+    from hbmserve.capacity.planning.emit_config import EmitTarget
+    from hbmserve.capacity.planning.plan_types import PlanCandidate
 
 
 def check_target(path: Path, force: bool) -> None:
@@ -74,7 +74,7 @@ def write_plan_config(path: Path, force: bool, plan: PlanCandidate, target: Emit
     """Write `plan` for `target` to `path`; returns the line that says so. Exit 1 when the plan
     cannot be written as a config its own checks accept (not expected: the planner caps the
     budget with the same step-time model)."""
-    from hbmserve.planning.emit_config import cluster_config, render
+    from hbmserve.capacity.planning.emit_config import cluster_config, render
 
     field = f"models.{target.name}.engine_settings.max_num_batched_tokens"
     first = _checks(cluster_config(plan, target), catalog, arr)
@@ -99,8 +99,8 @@ def write_plan_config(path: Path, force: bool, plan: PlanCandidate, target: Emit
 
 def _checks(data: dict, catalog: dict, arr: Any) -> BudgetChecks:
     """`data` loaded as the commands load it, then judged; exit 1 when it does not load."""
-    from hbmserve.capacity.scenario import scenario_for
-    from hbmserve.capacity.startup_measured import startup_estimate
+    from hbmserve.capacity.perf.scenario import scenario_for
+    from hbmserve.capacity.perf.startup_measured import startup_estimate
     from hbmserve.cli.slo_gate import slo_check_for
     from hbmserve.cli.user_errors import user_errors
     from hbmserve.cluster.checks import deploy_slo_check
@@ -119,10 +119,10 @@ def _checks(data: dict, catalog: dict, arr: Any) -> BudgetChecks:
 def _header(plan: PlanCandidate, target: EmitTarget, arr: Any, command: str, budget: int, checks: BudgetChecks,
             path: Path, trace: Optional[Path]) -> list[str]:
     """The file's opening comment: what wrote it, from what load, and why each number."""
-    from hbmserve.sim.workload import workload_of
+    from hbmserve.capacity.sim.workload import workload_of
 
     w = workload_of(arr)
-    startup = ("; startup_s is the start-up model's estimate for this model and GPU (capacity/startup_measured.py: "
+    startup = ("; startup_s is the start-up model's estimate for this model and GPU (capacity/perf/startup_measured.py: "
                "delete it and the drivers estimate it from what they measure)" if checks.startup_s else "")
     evaluate = (f"hbmserve autoscale evaluate --config {shlex.quote(str(path))} --trace "
                 f"{shlex.quote(str(trace)) if trace else 'TRACE'} --policy all")
@@ -158,7 +158,7 @@ def _budget_paragraph(plan: PlanCandidate, budget: int, checks: BudgetChecks, tp
 def target_for(plan: PlanCandidate, shape_label: str, refs: tuple[str, str], slo: SloSeconds,
                catalog: dict) -> EmitTarget:
     """What the file needs beside the plan: `refs` from `model_refs`, the price the plan was costed at."""
-    from hbmserve.planning.emit_config import EmitTarget, model_name
+    from hbmserve.capacity.planning.emit_config import EmitTarget, model_name
 
     return EmitTarget(model_name(shape_label), refs[1], refs[0], slo, catalog[plan.gpu].usd_per_gpu_hour)
 

@@ -9,7 +9,7 @@ import typer
 import yaml
 
 from hbmserve.cli.serve import ALLOW_SLO_MISS_HELP, _load
-from hbmserve.apps.declarative import DEFAULT_INTERNAL_TOKEN_FILE, serve_config
+from hbmserve.deployments.apps.declarative import DEFAULT_INTERNAL_TOKEN_FILE, serve_config
 
 
 def serve_config_command(

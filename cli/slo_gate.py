@@ -14,10 +14,10 @@ from hbmserve.cli.user_errors import fail
 def slo_check_for(sc: Any, arr: Any, max_replicas: int | None) -> Any:
     """Can the config meet its SLO on this trace at some replica count? Judged at the lightest load
     per replica its fleet can run: the busiest minute over max_replicas when the fleet scales,
-    one request at a time when the replica count is the user's to choose (capacity/slo_cap.py)."""
-    from hbmserve.capacity.scenario import scenario_slo_check
-    from hbmserve.capacity.slo_cap import LIGHT_RPS
-    from hbmserve.sim.workload import workload_of
+    one request at a time when the replica count is the user's to choose (capacity/perf/slo_cap.py)."""
+    from hbmserve.capacity.perf.scenario import scenario_slo_check
+    from hbmserve.capacity.perf.slo_cap import LIGHT_RPS
+    from hbmserve.capacity.sim.workload import workload_of
 
     w = workload_of(arr)
     return scenario_slo_check(sc, w, w.peak_rps / max_replicas if max_replicas else LIGHT_RPS)

@@ -14,7 +14,7 @@ from hbmserve.core.engine_settings import EngineKind
 from hbmserve.placement.cluster_file import TopologyFileError, load_cluster_file
 
 if TYPE_CHECKING:  # the capacity model imports numpy; `hbmserve --help` stays fast without it
-    from hbmserve.capacity.slo_cap import SloCheck
+    from hbmserve.capacity.perf.slo_cap import SloCheck
 
 _VLLM_ENGINES = (EngineKind.VLLM_CPU, EngineKind.VLLM_GPU)
 
@@ -33,8 +33,8 @@ def load_deployable(path: str | os.PathLike[str] | None = None) -> ClusterSpec:
 @dataclass(frozen=True)
 class SloFindings:
     """What `up` and `deploy` find in the models' engine settings against their SLOs
-    (capacity/slo_cap.py), judged at a nominal request: the check knows no traffic
-    (capacity/scenario.py `nominal_workload`)."""
+    (capacity/perf/slo_cap.py), judged at a nominal request: the check knows no traffic
+    (capacity/perf/scenario.py `nominal_workload`)."""
 
     # One per model whose decode step carrying a full chunk breaks its TPOT target: no replica
     # count rescues that, so the commands refuse it unless --allow-slo-miss.
@@ -48,8 +48,8 @@ def deploy_slo_check(m: ModelSpec) -> SloCheck | None:
     """`m`'s engine settings against its SLO at the nominal request, as `up` and `deploy` judge
     them; None for a model the capacity model cannot cost (unknown GPU or shape, weights that
     do not fit): the engine judges those."""
-    from hbmserve.capacity.hardware import load_catalog
-    from hbmserve.capacity.scenario import nominal_workload, scenario_for, scenario_slo_check
+    from hbmserve.capacity.perf.hardware import load_catalog
+    from hbmserve.capacity.perf.scenario import nominal_workload, scenario_for, scenario_slo_check
 
     if not _shape_known(m):
         return None
@@ -103,7 +103,7 @@ def _topology_problems(spec: ClusterSpec) -> list[str]:
         topology = load_cluster_file(spec.topology)
     except TopologyFileError as err:
         return [f"topology: {err}"]
-    from hbmserve.apps.placed_app import infeasible_message, plan_models, replica_count_field
+    from hbmserve.deployments.apps.placed_app import infeasible_message, plan_models, replica_count_field
 
     plans = plan_models(spec, topology)
     return [f"models.{i}.{replica_count_field(m)}: {infeasible_message(m, plans[m.name])}"
@@ -118,8 +118,8 @@ def vllm_problems(spec: ClusterSpec) -> list[str]:
     models = [(i, m) for i, m in enumerate(spec.models) if m.engine in _VLLM_ENGINES]
     if not models:
         return []
-    from hbmserve.replica.engine_args import vllm_launch
-    from hbmserve.replica.vllm_argv import launch_problems, serve_parser
+    from hbmserve.deployments.replica.engine_args import vllm_launch
+    from hbmserve.deployments.replica.vllm_argv import launch_problems, serve_parser
 
     try:
         parser = serve_parser()

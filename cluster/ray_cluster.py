@@ -14,7 +14,7 @@ from hbmserve.cluster.status_figures import LatencyVsSlo, latency_vs_slo, status
 from hbmserve.core.records import (DecisionRecord, IngressInfo, ModelTraffic, PlacementReport, Record, RecordError,
                                    ReplicaInfo, ReplicaRoles, WarmTierRecord)
 from hbmserve.core.scaling import ReplicaState
-from hbmserve.wire.names import FRONT_DOOR_APP, FRONT_DOOR_DEPLOYMENT, WARM_TIER_APP, engine_deployment_name
+from hbmserve.deployments.wire.names import FRONT_DOOR_APP, FRONT_DOOR_DEPLOYMENT, WARM_TIER_APP, engine_deployment_name
 
 NAMESPACE = "hbmserve"
 
@@ -69,9 +69,9 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
     import ray
     from ray import serve
 
-    from hbmserve.apps.service_apps import build_front_door_app
-    from hbmserve.ingress.front_door_access import AccessConfigError, load_key_ring
-    from hbmserve.apps.model_app import build_model_app, unsupported_engines
+    from hbmserve.deployments.apps.service_apps import build_front_door_app
+    from hbmserve.deployments.ingress.front_door_access import AccessConfigError, load_key_ring
+    from hbmserve.deployments.apps.model_app import build_model_app, unsupported_engines
 
     problems = unsupported_engines(spec)
     if problems:
@@ -81,13 +81,13 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
     except AccessConfigError as err:
         raise ClusterError(f"cannot deploy: {err}") from None
     plans = _placement_plans(spec)  # before Serve starts: an infeasible plan deploys nothing
-    # No Serve proxy: the front door carries the bytes (ingress/front_door.py says why).
+    # No Serve proxy: the front door carries the bytes (deployments/ingress/front_door.py says why).
     serve.start(proxy_location="Disabled", http_options={"host": spec.serve.http.host})
     # Proves the front door to the replicas; new per deploy, so every app deployed now uses it.
     token = secrets.token_urlsafe(32)
     for m in spec.models:
         if m.name in plans:
-            from hbmserve.apps.placed_app import build_placed_app
+            from hbmserve.deployments.apps.placed_app import build_placed_app
 
             result, topology = plans[m.name]
             app = build_placed_app(spec.serve.http.host, token, m, result, topology, spec.cache)
@@ -109,11 +109,11 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
 
 
 def _deploy_warm_tier(spec: ClusterSpec) -> None:
-    """The warm-tier aggregator (control/warm_tier.py), when some model keeps a warm pool."""
+    """The warm-tier aggregator (deployments/control/warm_tier.py), when some model keeps a warm pool."""
     from ray import serve
 
-    from hbmserve.apps.service_apps import build_warm_tier_app
-    from hbmserve.control.warm_tier import wants_warm_tier
+    from hbmserve.deployments.apps.service_apps import build_warm_tier_app
+    from hbmserve.deployments.control.warm_tier import wants_warm_tier
 
     if not wants_warm_tier(spec):
         return
@@ -128,7 +128,7 @@ def _wait_serving(spec: ClusterSpec, handle, timeout_s: float) -> str:
     returns its URL. A model whose deployment failed is a ClusterError with Serve's message."""
     from ray import serve
 
-    from hbmserve.wire.records_store import read_ingress_info
+    from hbmserve.deployments.wire.records_store import read_ingress_info
 
     must = {m.name for m in spec.models if (m.replicas if m.autoscaling is None else m.autoscaling.min_replicas) > 0}
     deadline = time.monotonic() + timeout_s
@@ -157,7 +157,7 @@ def _placement_plans(spec: ClusterSpec) -> dict:
     """
     if not any(spec.plans_placement(m) and m.replica_ceiling > 0 for m in spec.models):
         return {}
-    from hbmserve.apps.placed_app import infeasible_message, plan_models
+    from hbmserve.deployments.apps.placed_app import infeasible_message, plan_models
     from hbmserve.placement.cluster_file import TopologyFileError, load_cluster_file
 
     try:
@@ -228,7 +228,7 @@ def _closing(handle):
 def _probe_replicas(handle, running: int, rounds: int = 5) -> dict[str, ReplicaInfo]:
     """Each running replica's `info()`, keyed by node:pid. A handle routes each call to some
     replica, the less busy of two; calls sent together spread out, so a few rounds find all."""
-    from hbmserve.wire.records_store import read_replica_info
+    from hbmserve.deployments.wire.records_store import read_replica_info
 
     seen: dict[str, ReplicaInfo] = {}
     for _ in range(rounds):
@@ -253,7 +253,7 @@ def front_doors() -> list[IngressInfo]:
     times: a handle picks a replica per call."""
     from ray import serve
 
-    from hbmserve.wire.records_store import read_ingress_info
+    from hbmserve.deployments.wire.records_store import read_ingress_info
 
     app = serve.status().applications.get(FRONT_DOOR_APP)
     running = sum(d.replica_states.get("RUNNING", 0) for d in app.deployments.values()) if app else 0
@@ -274,7 +274,7 @@ def _status() -> list[ModelStatus]:
 
     from ray import serve
 
-    from hbmserve.wire.records_store import latest_decision
+    from hbmserve.deployments.wire.records_store import latest_decision
 
     # The handle's router warns each time a busy replica answers its queue-length probe late
     # (routinely, with tens of replicas on two cores); status only reads counters.
@@ -288,7 +288,7 @@ def _status() -> list[ModelStatus]:
             continue
         replicas: dict[str, int] = {}
         seen: dict[str, ReplicaInfo] = {}
-        # A planned model has a deployment per replica (apps/placed_app.py): probe each.
+        # A planned model has a deployment per replica (deployments/apps/placed_app.py): probe each.
         for dep_name, dep in app.deployments.items():
             states = {str(getattr(state, "value", state)): n for state, n in dep.replica_states.items()}
             for state, n in states.items():
@@ -313,7 +313,7 @@ def _status() -> list[ModelStatus]:
 def warm_tier() -> WarmTierRecord | None:
     """What the warm-tier aggregator asked of the node autoscaler and prefetched; None when none
     runs. A malformed record is a ClusterError naming it."""
-    from hbmserve.wire.records_store import latest_warm_tier
+    from hbmserve.deployments.wire.records_store import latest_warm_tier
 
     try:
         return latest_warm_tier()

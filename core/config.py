@@ -91,13 +91,13 @@ class ModelSpec(_Strict):
     @property
     def replica_ceiling(self) -> int:
         """The most replicas it runs at once: `replicas`, or `autoscaling.max_replicas`. The
-        placement planner places this many up front (apps/placed_app.py)."""
+        placement planner places this many up front (deployments/apps/placed_app.py)."""
         return self.replicas if self.autoscaling is None else self.autoscaling.max_replicas
 
     @property
     def standbys_sleep(self) -> bool:
         """Its hot standbys sleep (vLLM sleep mode, or the simulated engine's model of it;
-        replica/standby_sleep.py); refused below for vLLM-CPU, which has no sleep mode."""
+        deployments/replica/standby_sleep.py); refused below for vLLM-CPU, which has no sleep mode."""
         return self.autoscaling is not None and self.autoscaling.hot_standby.sleep
 
     @property
@@ -133,7 +133,7 @@ class ModelSpec(_Strict):
 
 
 class HttpSpec(_Strict):
-    """The front door: every model on one port, on every node (ingress/front_door.py)."""
+    """The front door: every model on one port, on every node (deployments/ingress/front_door.py)."""
 
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8000
@@ -144,7 +144,7 @@ class HttpSpec(_Strict):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024  # past it: 413
     keep_alive_s: Annotated[int, Field(ge=1)] = 5  # idle keep-alive connections are closed after it
     # Requests one front door handles at once (probes apart); past it: 429 + Retry-After. Idle
-    # and silent sockets are not requests and do not count (wire/hardened_http.py).
+    # and silent sockets are not requests and do not count (deployments/wire/hardened_http.py).
     max_in_flight: Annotated[int, Field(ge=16)] = 1024
     # Sockets one client address may hold open on a front door; past it: 429 and close.
     max_connections_per_client: Annotated[int, Field(ge=1)] = 64
@@ -154,7 +154,7 @@ class HttpSpec(_Strict):
     # A replica that accepted a request but sent no byte within this is answered 504.
     first_byte_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     # Header floods: past either cap the request is answered 431 and its connection closed
-    # (wire/hardened_http.py; replicas use the defaults).
+    # (deployments/wire/hardened_http.py; replicas use the defaults).
     max_header_bytes: Annotated[int, Field(ge=4096)] = 64 * 1024
     max_headers: Annotated[int, Field(ge=16)] = 100
     # A connection that sends no byte at all within this is closed (silent sockets).
@@ -207,7 +207,7 @@ class ClusterSpec(_Strict):
     name: Annotated[str, Field(min_length=1)] = "hbmserve"
     serve: ServeSpec = ServeSpec()
     # A cluster file (placement/cluster_file.py format). When set, every model that needs GPUs
-    # gets its replicas placed by the placement planner (apps/placed_app.py); an
+    # gets its replicas placed by the placement planner (deployments/apps/placed_app.py); an
     # autoscaled one gets autoscaling.max_replicas of them planned up front.
     topology: str | None = None
     # The node-local weight cache every replica resolves its model through (hbmserve/weights).

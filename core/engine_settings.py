@@ -93,7 +93,7 @@ def _vllm_arg_name(key: str) -> str:
 class EngineSettings(Strict):
     """What the engine runs with. The typed fields are what the planner and the simulator read;
     `vllm_args` passes any other vLLM engine or server argument through to the replicas' vLLM
-    (checked by vLLM's own parser at deploy: hbmserve.replica.vllm_argv)."""
+    (checked by vLLM's own parser at deploy: hbmserve.deployments.replica.vllm_argv)."""
 
     max_model_len: Annotated[int, Field(gt=0)] = 512
     max_num_seqs: Annotated[int, Field(gt=0)] = 64

@@ -13,7 +13,7 @@
 * `ReplicaInfo`: what an engine replica reports about itself (its `info()` over a Serve handle),
   with a `PlacementReport` when the replica was placed by the planner. Read by `hbmserve status`.
 * `IngressInfo`: the same for a front door.
-* `WarmTierRecord`: what the warm-tier aggregator (control/warm_tier.py) asked of Ray's node
+* `WarmTierRecord`: what the warm-tier aggregator (deployments/control/warm_tier.py) asked of Ray's node
   autoscaler and prefetched onto joining nodes, renewed while it runs. Read by the autoscaling
   policy (a live warm pool only while it is fresh) and by `hbmserve status`.
 * `SlotStats`: one planned slot's replica stats, from its Serve policy to the model's leading
@@ -24,7 +24,7 @@ a component that dies stops renewing, so what it published cannot outlive it.
 
 Frozen dataclasses inside; pydantic only at the edge, in `from_json`/`from_dict`, in strict
 mode (a string is not a number, `true` is not 1). Where the records travel (Ray's internal KV,
-Serve handle replies) is wire/records_store.py's business; this module knows only shapes.
+Serve handle replies) is deployments/wire/records_store.py's business; this module knows only shapes.
 
 Readers are version-tolerant, so a writer and a reader from different hbmserve versions (a
 rolling upgrade, a newer CLI against an older cluster) still understand each other:
@@ -145,7 +145,7 @@ class DecisionRecord(Record):
 @dataclass(frozen=True, kw_only=True)
 class SlotStats(Record):
     """What one planned slot's Serve autoscaling context held, for the model's leading policy
-    (control/slot_autoscaling.py): a model both autoscaled and placed by the planner runs one
+    (deployments/control/slot_autoscaling.py): a model both autoscaled and placed by the planner runs one
     Serve deployment per planned slot, and each policy sees only its own slot's replicas."""
 
     at: float  # the slot policy's clock (Serve's AutoscalingContext.current_time)
@@ -188,7 +188,7 @@ class PlacementReport(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class ReplicaInfo(Record):
-    """What an engine replica reports about itself (apps/model_app.py `info()`)."""
+    """What an engine replica reports about itself (deployments/apps/model_app.py `info()`)."""
 
     model: str
     engine: str  # the EngineKind value; a string so that a reader need not know every engine
@@ -210,7 +210,7 @@ class ReplicaInfo(Record):
     # seconds, and whether they were already there (a hit) or were fetched from the source.
     weights_s: float | None = None
     weights_cached: bool | None = None
-    placement: PlacementReport | None = None  # planned replicas only (apps/placed_app.py)
+    placement: PlacementReport | None = None  # planned replicas only (deployments/apps/placed_app.py)
     # Prefix cache since start: prompt tokens looked up, and those found (added with the front door).
     prompt_tokens: int = 0
     prefix_hit_tokens: int = 0
@@ -222,7 +222,7 @@ class ReplicaInfo(Record):
     slo_ttft_p95_s: float | None = None
     slo_tpot_p95_s: float | None = None
     usd_per_hour: float | None = None
-    # A standby whose engine sleeps (autoscaling.hot_standby.sleep; replica/standby_sleep.py),
+    # A standby whose engine sleeps (autoscaling.hot_standby.sleep; deployments/replica/standby_sleep.py),
     # and its last wake in seconds, wake_up() called to done: the sleeping tier's measured
     # start-up (None: never woken). Added with the live sleep mode.
     sleeping: bool = False
@@ -255,9 +255,9 @@ class ReplicaEndpoint(Record):
     url: str
     node_id: str
     at: float  # wall clock of the last renewal
-    # Where a planned replica's ranks landed (apps/placed_app.py), published with its
+    # Where a planned replica's ranks landed (deployments/apps/placed_app.py), published with its
     # address so that a front door, which reaches replicas over HTTP only, can draw the placement
-    # map (ingress/dashboard.py). None: not planned. Added with the ops dashboard.
+    # map (deployments/ingress/dashboard.py). None: not planned. Added with the ops dashboard.
     placement: PlacementReport | None = None
 
     def fresh(self, now: float, ttl_s: float) -> bool:
@@ -315,7 +315,7 @@ class ModelTraffic(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class IngressInfo(Record):
-    """What a front door (ingress/front_door.py) reports about itself."""
+    """What a front door (deployments/ingress/front_door.py) reports about itself."""
 
     node_id: str
     url: str  # the cluster's endpoint on this node: the same port on every node

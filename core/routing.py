@@ -46,7 +46,7 @@ class RouteRequest:
     # the randomised picks (power of two) mix it into a pseudo-random draw, so a run is replayable.
     salt: int = 0
     # What a block found in a host tier is worth against one found in HBM: the share of its
-    # prefill time that loading it over PCIe saves (capacity/perf_model.py host_block_value).
+    # prefill time that loading it over PCIe saves (capacity/perf/perf_model.py host_block_value).
     host_block_value: float = 0.0
 
 
@@ -58,6 +58,6 @@ class RouteDecision:
 
 # A router: a model's replica loads and one request in, the replicas ranked out (with the
 # reason). `routing.choose` is hbmserve's; routing/routers.py registers it beside the baselines.
-# The front door (ingress/front_door_app.py) and the simulator (sim/cluster_sim.py) both call one
+# The front door (deployments/ingress/front_door_app.py) and the simulator (capacity/sim/cluster_sim.py) both call one
 # through this type, by the name in `serve.router`.
 Router = Callable[[Iterable[ReplicaLoad], RouteRequest], RouteDecision]

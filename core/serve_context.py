@@ -1,9 +1,9 @@
-"""What the policy adapters (control/) read from Ray Serve's AutoscalingContext, as a Protocol.
+"""What the policy adapters (deployments/control/) read from Ray Serve's AutoscalingContext, as a Protocol.
 
 Serve builds the context in its controller and hands it to the policy; the slotted path
-(control/slot_autoscaling.py) builds a model-wide one itself (`ModelContext`). Both are read
+(deployments/control/slot_autoscaling.py) builds a model-wide one itself (`ModelContext`). Both are read
 through this Protocol and nothing else, so the adapters need no Ray import, and
-tests/unit/control/test_policy_context.py checks that Ray's AutoscalingContext and
+tests/unit/deployments/control/test_policy_context.py checks that Ray's AutoscalingContext and
 `ModelContext` both have every member named here.
 """
 

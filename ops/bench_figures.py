@@ -2,7 +2,7 @@
 how far apart they are. Pure: records in, figures out; no I/O, no clock.
 
 A measured and a predicted figure must mean the same thing, so the definitions are the
-simulator's (sim/metrics.py), and its functions compute both:
+simulator's (capacity/sim/metrics.py), and its functions compute both:
   TTFT  first streamed token - request sent;      E2E  last token - request sent
   TPOT  (E2E - TTFT) / (output tokens - 1), for replies of 2 tokens or more
   ITL   every gap between consecutive streamed chunks, all requests pooled (vLLM's `itl`)
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from hbmserve.core.config import SloSeconds
-from hbmserve.sim.metrics import LatencyStats, SimSummary, meets_slo, request_latencies
+from hbmserve.capacity.sim.metrics import LatencyStats, SimSummary, meets_slo, request_latencies
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 QUANTILE_NAMES = ("p50", "p90", "p95", "p99")

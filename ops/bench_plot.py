@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hbmserve.ops.bench_figures import RequestRecord
-from hbmserve.sim.metrics import RequestTimes, request_latencies
+from hbmserve.capacity.sim.metrics import RequestTimes, request_latencies
 
 
 @dataclass(frozen=True)

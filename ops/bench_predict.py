@@ -1,7 +1,7 @@
 """`hbmserve bench --predict CONFIG`: the requests the benchmark sent, through the simulator.
 
 The config's model becomes the simulated cluster `hbmserve simulate` would run
-(capacity/scenario.py `scenario_for`, sim/cluster_sim.py `cluster_for`): its GPU, model shape,
+(capacity/perf/scenario.py `scenario_for`, capacity/sim/cluster_sim.py `cluster_for`): its GPU, model shape,
 TP/PP, engine settings and `replicas`, held fixed (no scaling policy; the live cluster should
 not scale during the run). The arrivals are the requests as sent (loadgen.arrivals_of): their
 send times and prompt and output lengths, failed requests included, as the endpoint saw them.
@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hbmserve.traces.arrivals import Arrivals
-from hbmserve.capacity.hardware import GpuProfile, load_catalog
-from hbmserve.capacity.scenario import scenario_for
+from hbmserve.capacity.traces.arrivals import Arrivals
+from hbmserve.capacity.perf.hardware import GpuProfile, load_catalog
+from hbmserve.capacity.perf.scenario import scenario_for
 from hbmserve.core.config import ClusterSpec, ConfigError, ModelSpec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.ops.bench_figures import BenchFigures, figures_of_summary
 from hbmserve.core.config import SloSeconds
-from hbmserve.sim.cluster_sim import cluster_for, simulate
-from hbmserve.sim.metrics import SimResult
+from hbmserve.capacity.sim.cluster_sim import cluster_for, simulate
+from hbmserve.capacity.sim.metrics import SimResult
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hbmserve.traces.arrivals import Arrivals
+from hbmserve.capacity.traces.arrivals import Arrivals
 from hbmserve.ops.bench_clients import Ask, Client, Reply
 from hbmserve.ops.bench_figures import RequestRecord
 

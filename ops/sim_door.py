@@ -1,5 +1,5 @@
 """A local OpenAI endpoint of simulated engines, without Ray: the front door's app and hardened
-HTTP server (ingress/front_door_app.py, hardened_http.py) in front of `SimHttpServer`
+HTTP server (deployments/ingress/front_door_app.py, hardened_http.py) in front of `SimHttpServer`
 replicas, `replicas` of each `engine: sim` model of a config, on one event loop.
 
 For trying `hbmserve bench` on a laptop and for its tests; `hbmserve up` is the real thing
@@ -21,14 +21,14 @@ import secrets
 from hbmserve.core.config import ClusterSpec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.records import ReplicaEndpoint
-from hbmserve.ingress.front_door_access import AccessGuard, KeyFiles, reload_keys
-from hbmserve.ingress.front_door_app import BodyLimits, FrontDoorApp
-from hbmserve.ingress.front_door_queue import ModelAdmission
-from hbmserve.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
-from hbmserve.ingress.replica_table import POLL_S, ReplicaTable
-from hbmserve.wire.names import engine_deployment_name
-from hbmserve.replica.engine_replica import replica_budget
-from hbmserve.replica.sim_server import SimHttpServer
+from hbmserve.deployments.ingress.front_door_access import AccessGuard, KeyFiles, reload_keys
+from hbmserve.deployments.ingress.front_door_app import BodyLimits, FrontDoorApp
+from hbmserve.deployments.ingress.front_door_queue import ModelAdmission
+from hbmserve.deployments.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
+from hbmserve.deployments.ingress.replica_table import POLL_S, ReplicaTable
+from hbmserve.deployments.wire.names import engine_deployment_name
+from hbmserve.deployments.replica.engine_replica import replica_budget
+from hbmserve.deployments.replica.sim_server import SimHttpServer
 
 
 class SimDoor:

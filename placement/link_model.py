@@ -1,6 +1,6 @@
 """Local link cost model: how long a ring all-reduce takes over a given set of links.
 
-Kept inside placement/ on purpose: the capacity/ performance model is written in parallel and
+Kept inside placement/ on purpose: the capacity/perf/ performance model is written in parallel and
 the planner must not depend on it; when it lands, the planner can take its cost function as a
 parameter instead of this one.
 

@@ -1,6 +1,6 @@
 """The request router as a pure function: rank replicas for one request.
 
-Both drivers call `choose`: the simulator (sim/cluster_sim.py) with loads read from its engines,
+Both drivers call `choose`: the simulator (capacity/sim/cluster_sim.py) with loads read from its engines,
 the live ingress with the replicas' own stats. Only ACTIVE replicas are eligible; STARTING,
 STANDBY and DRAINING ones never receive new requests.
 

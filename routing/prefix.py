@@ -6,7 +6,7 @@ share hash i exactly when their first i+1 blocks are equal (a chained hash, as v
 KV blocks). The partial last block is left out, as vLLM caches only full blocks.
 
 `DEFAULT_BLOCK_CHARS` = 64: English text runs about 4 characters per BPE token (the simulated
-engine's own estimate, replica/sim_protocol.py), so one block is about one vLLM KV block of
+engine's own estimate, deployments/replica/sim_protocol.py), so one block is about one vLLM KV block of
 16 tokens. The blocks need not line up with the engine's: they only have to agree between
 requests, and a shared prefix of n characters yields about n / 64 shared hashes at any
 alignment.

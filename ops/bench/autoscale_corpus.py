@@ -2,18 +2,18 @@
 
 Every registered policy (hbmserve, ray-default, static-peak, queue-threshold, k8s-hpa, keda and
 the oracle) and the static frontier (a fixed fleet of each size) on each trace, on the reference
-cluster (sim/data/reference_cluster.yaml), exactly as `hbmserve autoscale evaluate --policy all`
+cluster (capacity/sim/data/reference_cluster.yaml), exactly as `hbmserve autoscale evaluate --policy all`
 runs them. The corpus:
 
   azure-conv    the Azure LLM 2023 conversation trace (../shared/data), as recorded
   azure-code    the Azure LLM 2023 code trace, read as published (`--azure-code PATH`, the
                 AzurePublicDataset's data/AzureLLMInferenceTrace_code.csv); skipped if absent
-  code-0        traces/code_trace.py, seed 0 (a swell with two spikes, prompt-heavy)
-  burst-0       traces/burst_trace.py, seed 0 (5 req/s with four 5-min steps to 25)
-  lulls-N       traces/lulls_trace.py, seeds 0-2 (Markov-modulated lulls and bursts, heavy-tailed
+  code-0        capacity/traces/code_trace.py, seed 0 (a swell with two spikes, prompt-heavy)
+  burst-0       capacity/traces/burst_trace.py, seed 0 (5 req/s with four 5-min steps to 25)
+  lulls-N       capacity/traces/lulls_trace.py, seeds 0-2 (Markov-modulated lulls and bursts, heavy-tailed
                 sojourns, prompt-heavy)
   lulls-chat-0  the same, chat lengths, with a diurnal drift of +-50 % over the hour
-  diurnal-N     traces/diurnal_trace.py, seeds 0-1 (sinusoidal base, 4 bursts of 2-4x)
+  diurnal-N     capacity/traces/diurnal_trace.py, seeds 0-1 (sinusoidal base, 4 bursts of 2-4x)
 
 Per trace: each policy's (SLO attainment, GPU-h, GPU-h / oracle), the fixed fleets that dominate
 it, and issue 27's targets for hbmserve (undominated; GPU-h <= 1.25x the oracle's at SLO
@@ -48,15 +48,15 @@ from hbmserve.autoscale.envelope import BurstEnvelope, bucket_of
 from hbmserve.autoscale.policy import PolicyState
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.registry import POLICIES
-from hbmserve.sim.comparison import compare
-from hbmserve.sim.evaluate import EvalResult, eval_config, evaluate, load_eval_cluster
-from hbmserve.sim.frontier import dominates
-from hbmserve.sim.oracle_search import undercut_oracle
-from hbmserve.traces.arrivals import Arrivals, read_trace
-from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals
-from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals
-from hbmserve.traces.diurnal_trace import DiurnalTraceSpec, diurnal_arrivals
-from hbmserve.traces.lulls_trace import LullsTraceSpec, lulls_arrivals
+from hbmserve.capacity.sim.comparison import compare
+from hbmserve.capacity.sim.evaluate import EvalResult, eval_config, evaluate, load_eval_cluster
+from hbmserve.capacity.sim.frontier import dominates
+from hbmserve.capacity.sim.oracle_search import undercut_oracle
+from hbmserve.capacity.traces.arrivals import Arrivals, read_trace
+from hbmserve.capacity.traces.burst_trace import BurstSpec, burst_arrivals
+from hbmserve.capacity.traces.code_trace import CodeTraceSpec, code_arrivals
+from hbmserve.capacity.traces.diurnal_trace import DiurnalTraceSpec, diurnal_arrivals
+from hbmserve.capacity.traces.lulls_trace import LullsTraceSpec, lulls_arrivals
 
 AZURE_CONV = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
 GPU_FACTOR, SLO_SLACK = 1.25, 0.01  # issue 27's target against the oracle
@@ -151,7 +151,7 @@ def run_trace(name: str, arr: Arrivals, cluster: Any, plot_dir: Path | None) -> 
     fleets = [row_of(r, oracle) for r in c.frontier]
     undercut = undercut_oracle((*runs, *c.frontier), oracle)
     if plot_dir is not None:
-        from hbmserve.sim.eval_plot import plot_replicas_vs_load
+        from hbmserve.capacity.sim.eval_plot import plot_replicas_vs_load
 
         plot_dir.mkdir(parents=True, exist_ok=True)
         shown = [r for r in (*c.results, known) if r.policy in ("hbmserve", KNOWN, "oracle")]

@@ -1,12 +1,12 @@
 """Autoscaler evaluation (issue 14, requirements 1, 2 and 6): every registered policy side by
-side in the simulator on the reference cluster (sim/data/reference_cluster.yaml: Llama-3.1-70B
+side in the simulator on the reference cluster (capacity/sim/data/reference_cluster.yaml: Llama-3.1-70B
 shape, H100 TP=4, SLO p95 TTFT 2 s / TPOT 0.1 s, 1-16 replicas, start-up 5 s hot / 45 s warm /
 180 s cold), the oracle among them, on
   (a) the Azure LLM 2023 conversation trace, whole, as recorded and with token lengths x4
       (`--azure-token-scales`); skipped with a reason if the file is absent;
-  (b) the synthetic sharp-burst trace (traces/burst_trace.py, default BurstSpec: 5 req/s with
+  (b) the synthetic sharp-burst trace (capacity/traces/burst_trace.py, default BurstSpec: 5 req/s with
       four 5-minute steps to 25 req/s in an hour), one run per seed; medians across seeds;
-  (c) the synthetic prompt-heavy code-completion trace (traces/code_trace.py, default
+  (c) the synthetic prompt-heavy code-completion trace (capacity/traces/code_trace.py, default
       CodeTraceSpec: prompts ~2,000 tokens, outputs ~32, 4 -> 12 -> 4 req/s over the hour
       with two spikes), one run per `--code-seeds` seed; medians across seeds.
 
@@ -39,12 +39,12 @@ from typing import Any
 from hbmserve.autoscale.baselines import RayDefaultConfig
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.registry import POLICIES
-from hbmserve.traces.arrivals import Arrivals, read_trace
-from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals
-from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals
-from hbmserve.sim.evaluate import (EvalResult, TraceScaling, eval_config, evaluate,
+from hbmserve.capacity.traces.arrivals import Arrivals, read_trace
+from hbmserve.capacity.traces.burst_trace import BurstSpec, burst_arrivals
+from hbmserve.capacity.traces.code_trace import CodeTraceSpec, code_arrivals
+from hbmserve.capacity.sim.evaluate import (EvalResult, TraceScaling, eval_config, evaluate,
                                    load_eval_cluster, scale_trace)
-from hbmserve.sim.oracle_search import undercut_oracle
+from hbmserve.capacity.sim.oracle_search import undercut_oracle
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
 RAY_TUNED = "ray-default (tuned target)"
@@ -153,7 +153,7 @@ class Report:
         undercut = undercut_oracle(res.values(), res["oracle"])
         self.data["oracle_undercut"] += [f"{name}: {n}" for n in undercut]
         if plot_name and self.plot_dir is not None:
-            from hbmserve.sim.eval_plot import plot_replicas_vs_load
+            from hbmserve.capacity.sim.eval_plot import plot_replicas_vs_load
 
             self.plot_dir.mkdir(parents=True, exist_ok=True)
             shown = [r for n, r in res.items() if n in POLICIES]  # the registry's, oracle included

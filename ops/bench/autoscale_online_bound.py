@@ -1,7 +1,7 @@
 """Why no online policy meets issue 27's targets on every trace (requirement 6's "show it with
 numbers"): the first burst of a trace cannot be told from steady traffic before it comes.
 
-Two traces from one generator (traces/burst_trace.py): F, steady 5 req/s for an hour (`--bursts
+Two traces from one generator (capacity/traces/burst_trace.py): F, steady 5 req/s for an hour (`--bursts
 0`), and A, the sharp-burst trace (seed 0: four 5-min steps to 25 req/s). Until A's first step
 they are the same process, so an online policy does the same on both up to then. The script
 measures, on the reference cluster:
@@ -32,8 +32,8 @@ import numpy as np
 
 from hbmserve.autoscale.oracle import OracleConfig
 from hbmserve.autoscale.registry import POLICIES
-from hbmserve.sim.evaluate import eval_config, evaluate, load_eval_cluster, run_policy
-from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals, burst_schedule
+from hbmserve.capacity.sim.evaluate import eval_config, evaluate, load_eval_cluster, run_policy
+from hbmserve.capacity.traces.burst_trace import BurstSpec, burst_arrivals, burst_schedule
 
 GPU_FACTOR, SLO_SLACK = 1.25, 0.01
 

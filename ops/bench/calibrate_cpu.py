@@ -14,7 +14,7 @@ Input: a JSON file of closed-loop benchmark points (one per load level), e.g. fr
 
 Either key style works per point (ours in seconds, or vLLM's result keys in ms). The fit moves
 the profile's per-step, per-sequence and per-request overheads and its FLOP/s and bandwidth
-efficiencies (capacity/calibration.py). `--fit-on 1,16` fits on some concurrencies and reports
+efficiencies (capacity/perf/calibration.py). `--fit-on 1,16` fits on some concurrencies and reports
 MAPE on all of them, so held-out levels show fidelity rather than fit.
 
     python -m hbmserve.ops.bench.calibrate_cpu measured.json --out out/calibration.json
@@ -29,11 +29,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from hbmserve.capacity.calibration import MeasuredPoint, fit_profile, mape_pct, predict
-from hbmserve.capacity.engine_core import EngineConfig
-from hbmserve.capacity.hardware import get_gpu
-from hbmserve.capacity.model_shape import load_model_shape
-from hbmserve.capacity.perf_model import Deployment, memory_fit
+from hbmserve.capacity.perf.calibration import MeasuredPoint, fit_profile, mape_pct, predict
+from hbmserve.capacity.perf.engine_core import EngineConfig
+from hbmserve.capacity.perf.hardware import get_gpu
+from hbmserve.capacity.perf.model_shape import load_model_shape
+from hbmserve.capacity.perf.perf_model import Deployment, memory_fit
 
 VLLM_KEYS = {"ttft_p50_s": ("p50_ttft_ms", "median_ttft_ms"), "ttft_p95_s": ("p95_ttft_ms",),
              "tpot_p50_s": ("p50_tpot_ms", "median_tpot_ms"), "tpot_p95_s": ("p95_tpot_ms",)}
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     o, eff = res.profile.overheads, res.profile.efficiency
     print(f"MAPE default {mape_before:.1f}%  fitted {mape_after:.1f}%"
           + (f"  held-out {mape_held:.1f}%" if mape_held is not None else "") + f"  ({res.evaluations} evaluations)")
-    print("catalog entry (capacity/data/hardware.yaml, cpu-local):")
+    print("catalog entry (capacity/perf/data/hardware.yaml, cpu-local):")
     print(f"    efficiency: {{flops: {eff.flops:.3g}, hbm_bw: {eff.hbm_bw:.3g}}}")
     print(f"    overheads: {{step_s: {o.step_s:.3g}, per_seq_s: {o.per_seq_s:.3g}, request_s: {o.request_s:.3g}}}")
     if args.out:

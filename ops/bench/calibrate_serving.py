@@ -3,7 +3,7 @@
 `calibrate_cpu.py` fits `cpu-local` to closed-loop runs of bare vLLM. What `hbmserve bench
 --predict` is compared with is different: open-loop arrivals through the whole serving path
 (client, front door, relay, the replica in Ray Serve) on the day of the run. This script fits
-the same five profile parameters (capacity/calibration.py: per-step, per-sequence and
+the same five profile parameters (capacity/perf/calibration.py: per-step, per-sequence and
 per-request overheads, FLOP/s and bandwidth efficiencies) to exactly that: each run's records
 (`hbmserve bench ... --save-records F`) are replayed through the simulator as `--predict`
 replays them (ops/bench_predict.py, same arrivals, same figures), and the fit minimises the mean
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import yaml
 
-from hbmserve.capacity.calibration import nelder_mead, params_of, with_params
-from hbmserve.capacity.hardware import CATALOG_FILE, GpuProfile, load_catalog
-from hbmserve.capacity.scenario import scenario_for
+from hbmserve.capacity.perf.calibration import nelder_mead, params_of, with_params
+from hbmserve.capacity.perf.hardware import CATALOG_FILE, GpuProfile, load_catalog
+from hbmserve.capacity.perf.scenario import scenario_for
 from hbmserve.core.config import load_cluster_spec
 from hbmserve.ops.bench_figures import MAPE_KEYS, BenchFigures, RequestRecord, figures_of
 from hbmserve.ops.bench_predict import model_for, predict
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                           "overheads": {"step_s": o.step_s, "per_seq_s": o.per_seq_s, "request_s": o.request_s}}}
     print(f"held-out MAPE {summary['mape_held_out_pct']}; fitted {summary['fitted']} ({evals} evaluations)")
     if args.catalog_out:
-        data = yaml.safe_load(resources.files("hbmserve.capacity").joinpath("data", CATALOG_FILE).read_text())
+        data = yaml.safe_load(resources.files("hbmserve.capacity.perf").joinpath("data", CATALOG_FILE).read_text())
         data["gpus"][gpu] |= summary["fitted"]
         args.catalog_out.parent.mkdir(parents=True, exist_ok=True)
         args.catalog_out.write_text(f"# {gpu} fitted to {', '.join(sorted(fit_names))} (ops/bench/calibrate_serving.py)\n"

@@ -17,7 +17,7 @@ Per start, from the deploy call (cold, warm) or the request's send (hot): the re
 phases (`hbmserve status`: `weights_s`, making the weights local; `load_s`, the engine's load
 once they are), the deploy seen serving, and the first streamed token of a request sent then.
 `--write-measured` stores the medians where the start-up model reads them
-(capacity/data/startup_measured.json; capacity/startup_timeline.py).
+(capacity/perf/data/startup_measured.json; capacity/perf/startup_timeline.py).
 
     .venv/bin/python -m hbmserve.ops.bench.cold_start --rounds 2 --out out/cold_start.json
 """
@@ -49,7 +49,7 @@ PORT = 18500
 HBM = [sys.executable, "-m", "hbmserve"]
 TIERS = ("cold", "warm", "hot")
 PHASES = ("weights_local_s", "engine_s", "serving_s", "first_token_s")
-MEASURED = Path(__file__).resolve().parents[2] / "capacity" / "data" / "startup_measured.json"
+MEASURED = Path(__file__).resolve().parents[2] / "capacity" / "perf" / "data" / "startup_measured.json"
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

@@ -2,7 +2,7 @@
 client costs the server with and without the header caps, side by side in one run.
 
 One connection sends the start of a request and then 8 KiB header lines without ever ending the
-header block, up to --flood-mib, against a `wire/hardened_http.py` server in this process:
+header block, up to --flood-mib, against a `deployments/wire/hardened_http.py` server in this process:
 first with the shipped defaults, then with the caps lifted (as the listeners were before them:
 only the header deadline). For each: the bytes the client got in before the server answered or
 hung up, the answer's status line, and how much this process's RSS grew meanwhile.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from hbmserve.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
+from hbmserve.deployments.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
 
 LINE = b"x-filler: " + b"a" * 8180 + b"\r\n"
 UNCAPPED = HttpLimits(header_timeout_s=10.0, max_header_bytes=2**62, max_headers=2**30, idle_connection_s=60.0)

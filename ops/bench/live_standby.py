@@ -77,7 +77,7 @@ def _ttft(url: str, max_tokens: int) -> float:
 
 
 def _watch_second_active(app: str, dep: str, t0: float, stop: threading.Event, out: dict) -> None:
-    from hbmserve.wire.records_store import latest_decision
+    from hbmserve.deployments.wire.records_store import latest_decision
 
     while not stop.is_set():
         d = latest_decision(app, dep)
@@ -97,7 +97,7 @@ def one_round(config_path: str, clients: int, per_client: int, max_tokens: int) 
         rc.connect(None)
         url = rc.deploy(spec)[MODEL]
         time.sleep(5)  # let the first decision assign roles and the standby (if any) settle
-        from hbmserve.wire.names import engine_deployment_name
+        from hbmserve.deployments.wire.names import engine_deployment_name
 
         out: dict = {}
         stop = threading.Event()

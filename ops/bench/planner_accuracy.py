@@ -23,16 +23,16 @@ import platform
 import time
 from pathlib import Path
 
-from hbmserve.traces.arrivals import read_trace
-from hbmserve.capacity.engine_core import EngineConfig
-from hbmserve.capacity.hardware import get_gpu, load_catalog
-from hbmserve.capacity.model_shape import load_model_shape
-from hbmserve.capacity.perf_model import Deployment, cost_model, memory_fit
-from hbmserve.capacity.slo_cap import budget_for, chunk_step_s
-from hbmserve.sim.cluster_sim import SimCluster, simulate
+from hbmserve.capacity.traces.arrivals import read_trace
+from hbmserve.capacity.perf.engine_core import EngineConfig
+from hbmserve.capacity.perf.hardware import get_gpu, load_catalog
+from hbmserve.capacity.perf.model_shape import load_model_shape
+from hbmserve.capacity.perf.perf_model import Deployment, cost_model, memory_fit
+from hbmserve.capacity.perf.slo_cap import budget_for, chunk_step_s
+from hbmserve.capacity.sim.cluster_sim import SimCluster, simulate
 from hbmserve.core.config import SloSeconds
-from hbmserve.planning.confirm import simulated_capacity_rps
-from hbmserve.planning.planner import SearchSpace, plan, workload_of
+from hbmserve.capacity.planning.confirm import simulated_capacity_rps
+from hbmserve.capacity.planning.planner import SearchSpace, plan, workload_of
 
 SLO = SloSeconds(2.0, 0.1)
 MODEL = "llama-3.1-70b"

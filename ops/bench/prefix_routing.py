@@ -4,7 +4,7 @@ power-of-two router in the simulator, on a prefix-heavy trace.
 Cluster: 4 replicas of Llama-3.1-8B on one simulated A100-80G each (TP=1, KV blocks from the
 memory model, vLLM's defaults: 16-token blocks, 256 sequences, 8192 batched tokens, chunked
 prefill, prefix caching on). Traces, one per seed:
-  - prefix-heavy (traces/prefix_trace.py): 8 system prompts (~2,500 tokens, Zipf), chat
+  - prefix-heavy (capacity/traces/prefix_trace.py): 8 system prompts (~2,500 tokens, Zipf), chat
     sessions of ~4 turns 30 s apart, 6 new sessions a second (about 20 requests a second,
     ~3,400-token prompts of which ~90% can come from a cache);
   - no shared prefix (control): Poisson, 10 requests a second, 3,000-token prompts with no
@@ -30,14 +30,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hbmserve.traces.arrivals import Arrivals, gamma_arrivals
-from hbmserve.capacity.engine_core import EngineConfig
-from hbmserve.capacity.hardware import get_gpu
-from hbmserve.capacity.model_shape import load_model_shape
-from hbmserve.capacity.perf_model import Deployment, memory_fit
-from hbmserve.traces.prefix_trace import PrefixTraceSpec, prefix_arrivals
+from hbmserve.capacity.traces.arrivals import Arrivals, gamma_arrivals
+from hbmserve.capacity.perf.engine_core import EngineConfig
+from hbmserve.capacity.perf.hardware import get_gpu
+from hbmserve.capacity.perf.model_shape import load_model_shape
+from hbmserve.capacity.perf.perf_model import Deployment, memory_fit
+from hbmserve.capacity.traces.prefix_trace import PrefixTraceSpec, prefix_arrivals
 from hbmserve.routing.routers import ROUTERS
-from hbmserve.sim.cluster_sim import SimCluster, simulate
+from hbmserve.capacity.sim.cluster_sim import SimCluster, simulate
 from hbmserve.core.config import SloSeconds
 
 METRICS = ("ttft_p50_s", "ttft_p95_s", "prefix_hit_rate", "output_tok_s")

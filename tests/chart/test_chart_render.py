@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from hbmserve.core.config import parse_cluster_spec
-from hbmserve.wire.names import FRONT_DOOR_APP as APP_NAME
-from hbmserve.apps.declarative import FRONT_DOOR_APP_IMPORT, MODEL_APP_IMPORT, BuilderArgs, serve_config
+from hbmserve.deployments.wire.names import FRONT_DOOR_APP as APP_NAME
+from hbmserve.deployments.apps.declarative import FRONT_DOOR_APP_IMPORT, MODEL_APP_IMPORT, BuilderArgs, serve_config
 from tests.chart.chart_support import one, pod_templates, ray_cluster, validate
 from tests.chart.chart_support import serve_config as rendered_serve_config
 from tests.chart.conftest import EXAMPLES

@@ -1,4 +1,4 @@
-"""Roofline check on a lent H200: measured vs predicted (capacity/perf_model.py). Never part of CI.
+"""Roofline check on a lent H200: measured vs predicted (capacity/perf/perf_model.py). Never part of CI.
 
 Measures, with torch only (random weights, no vLLM, no Ray):
   1. achievable dense BF16 matmul FLOP/s;
@@ -35,7 +35,7 @@ SHAPE_SMOKE = dict(layers=2, hidden=256, inter=512, heads=4, kv_heads=2, head_di
 
 
 def load_capacity():
-    """Import capacity/ by path as package `hbmcap` (the repo need not be pip-installed here)."""
+    """Import capacity/perf/ by path as package `hbmcap` (the repo need not be pip-installed here)."""
     spec = importlib.util.spec_from_file_location("hbmcap", ROOT / "capacity" / "__init__.py",
                                                   submodule_search_locations=[str(ROOT / "capacity")])
     pkg = importlib.util.module_from_spec(spec)

@@ -51,7 +51,7 @@ def main() -> int:
     import pynvml
 
     from hbmserve.placement.bootstrap import bootstrap_node
-    from hbmserve.placement_io.nvml_discovery import discover_node
+    from hbmserve.placement.io.nvml_discovery import discover_node
     from hbmserve.placement.placement_types import PlacementRequest
     from hbmserve.placement.placer import plan
     from hbmserve.placement.topology import ClusterTopology

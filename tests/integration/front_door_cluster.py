@@ -19,7 +19,7 @@ def cluster_spec(keys_file, admin_file):
     return parse_cluster_spec({
         "name": "hbmserve-frontdoor-test",
         # Every client of these tests is 127.0.0.1: the per-address socket cap (64) would count
-        # a hundred test clients as one (tests/unit/wire/test_connection_caps.py tests that cap).
+        # a hundred test clients as one (tests/unit/deployments/wire/test_connection_caps.py tests that cap).
         "serve": {"http": {"host": "127.0.0.1", "port": PORT, "header_timeout_s": 2, "body_timeout_s": 2,
                            "max_body_bytes": 65536, "max_connections_per_client": 4096},
                   "auth": {"keys_file": str(keys_file), "admin_token_file": str(admin_file)}},

@@ -67,8 +67,8 @@ models:
 
 def _trace(path: Path) -> Path:
     """A minute of lull (so both sides start at min_replicas), then two 25-s bursts."""
-    from hbmserve.traces.arrivals import gamma_arrivals
-    from hbmserve.traces.burst_trace import BurstSpec, burst_arrivals
+    from hbmserve.capacity.traces.arrivals import gamma_arrivals
+    from hbmserve.capacity.traces.burst_trace import BurstSpec, burst_arrivals
 
     lull = gamma_arrivals(0.5, 60.0, prompt_tokens=200.0, output_tokens=30.0, seed=3)
     bursts = burst_arrivals(BurstSpec(duration_s=120.0, base_rps=0.5, burst_rps=6.0, bursts=2,
@@ -101,8 +101,8 @@ def _steps(log: list[tuple[float, int, str]], start: int, end_s: float) -> np.nd
 
 
 def test_the_live_cluster_scales_as_the_simulator_says(parity_cluster, cli, tmp_path):
-    from hbmserve.sim.evaluate import eval_config, evaluate, load_eval_cluster
-    from hbmserve.traces.arrivals import read_trace
+    from hbmserve.capacity.sim.evaluate import eval_config, evaluate, load_eval_cluster
+    from hbmserve.capacity.traces.arrivals import read_trace
 
     url, cfg = parity_cluster
     trace = _trace(tmp_path / "burst.csv")

@@ -25,7 +25,7 @@ from hbmserve.placement.bootstrap import NODE_LABEL
 from hbmserve.placement.cluster_file import parse_cluster_text
 from hbmserve.placement.placement_types import PlacementRequest
 from hbmserve.placement.placer import plan
-from hbmserve.placement_io.ray_adapter import create_placement_group, placement_group_specs, rank_scheduling_strategy
+from hbmserve.placement.io.ray_adapter import create_placement_group, placement_group_specs, rank_scheduling_strategy
 from hbmserve.placement.topology import GpuRef
 from hbmserve.placement.verification import Crossing, RankReport, verify_replica
 from tests.integration.placement_cluster import start_placement_cluster

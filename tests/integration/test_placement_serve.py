@@ -21,8 +21,8 @@ import pytest
 import hbmserve.placement as placement_pkg
 from hbmserve.cluster import ray_cluster as rc
 from hbmserve.core.config import parse_cluster_spec
-from hbmserve.wire.names import slot_deployment_name
-from hbmserve.apps.placed_app import plan_model
+from hbmserve.deployments.wire.names import slot_deployment_name
+from hbmserve.deployments.apps.placed_app import plan_model
 from hbmserve.placement.bootstrap import NODE_LABEL
 from hbmserve.placement.cluster_file import load_cluster_file
 from tests.integration.placement_cluster import start_placement_cluster

@@ -156,8 +156,8 @@ def test_a_burst_lands_on_a_prefetched_warm_node_and_starts_from_its_cache(fake_
 
     from hbmserve.cluster import ray_cluster as rc
     from hbmserve.core.config import load_cluster_spec
-    from hbmserve.wire.records_store import latest_decision, latest_warm_tier, read_replica_info
-    from hbmserve.wire.names import engine_deployment_name
+    from hbmserve.deployments.wire.records_store import latest_decision, latest_warm_tier, read_replica_info
+    from hbmserve.deployments.wire.names import engine_deployment_name
 
     source = CountingSource(_files())
     spec = load_cluster_spec(_config(tmp_path, source.url))

@@ -5,13 +5,14 @@ file name (a name in the tree means one thing)."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.unit.test_layers import LAYERS
+from tests.unit.test_layers import LAYERS, package_files
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
@@ -57,18 +58,56 @@ def test_every_package_folder_has_its_place():
 
 
 def test_no_two_modules_share_a_file_name():
-    names = Counter(p.name for f in LAYERS for p in (ROOT / f).rglob("*.py") if p.name != "__init__.py")
+    names = Counter(p.name for p in package_files(ROOT) if p.name != "__init__.py")
     assert [n for n, k in names.items() if k > 1] == []
 
 
 @pytest.mark.parametrize("cite, broken", [
-    ("`wire/records_store.py` `held_at_ingress`", True),  # the name docs once cited for ingress_demand
-    ("`wire/records_store.py` `ingress_demand`", False),
+    ("`deployments/wire/records_store.py` `held_at_ingress`", True),  # the name docs once cited for ingress_demand
+    ("`deployments/wire/records_store.py` `ingress_demand`", False),
     ("`routing/queue.py` `admit(ask, capacity, waiting, now)`", False),
     ("`deployments/serve_app.py` `EngineReplica`", True),  # a file that moved
-    ("`ingress/replica_table.py` `ReplicaTable.update`", False),
-    ("`ingress/replica_table.py` `ReplicaTable.gone`", True),
+    ("`deployments/ingress/replica_table.py` `ReplicaTable.update`", False),
+    ("`deployments/ingress/replica_table.py` `ReplicaTable.gone`", True),
 ])
 def test_the_check_catches_a_stale_citation(cite, broken):
     ((path, name),) = citations(cite)
     assert (missing(path, name) is not None) is broken
+
+
+# `python -m hbmserve.x.y` in a doc; `hbmserve.x.y:attr` (a Serve import path) in a doc or the chart.
+MODULE_RUN = re.compile(r"python -m (hbmserve(?:\.\w+)+)")
+IMPORT_PATH = re.compile(r"\b(hbmserve(?:\.\w+)+):(\w+)")
+ENTRY_DOCS = ["README.md", "docs/benchmarks.md", "docs/architecture.md", "helm/README.md"]
+
+
+def entry_points(root: Path = ROOT) -> tuple[set[str], set[tuple[str, str]]]:
+    texts = [(root / d).read_text() for d in ENTRY_DOCS]
+    texts += [p.read_text() for p in (root / "helm").rglob("*") if p.suffix in {".tpl", ".yaml", ".json"}]
+    return ({m for t in texts for m in MODULE_RUN.findall(t)},
+            {m for t in texts for m in IMPORT_PATH.findall(t)})
+
+
+def unresolved(runs: set[str], paths: set[tuple[str, str]]) -> list[str]:
+    def found(module: str, attr: str | None = None) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None and (
+                attr is None or hasattr(importlib.import_module(module), attr))
+        except ModuleNotFoundError:  # a parent package that is not there
+            return False
+    return [m for m in sorted(runs) if not found(m)] + [f"{m}:{a}" for m, a in sorted(paths) if not found(m, a)]
+
+
+def test_every_entry_point_the_docs_and_chart_name_resolves():
+    """What users type (`python -m ...`) and what Serve imports (the chart's `import_path`s)."""
+    runs, paths = entry_points()
+    assert len(runs) >= 10 and ("hbmserve.deployments.apps.declarative", "model_app") in paths
+    assert unresolved(runs, paths) == []
+
+
+def test_the_entry_point_check_catches_an_old_path(tmp_path):
+    for d in ENTRY_DOCS:
+        (tmp_path / d).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / d).write_text("python -m hbmserve.ingress.front_door\n" if d == "README.md" else "")
+    (tmp_path / "helm" / "x.tpl").write_text('"import_path" "hbmserve.apps.declarative:model_app"')
+    assert unresolved(*entry_points(tmp_path)) == ["hbmserve.ingress.front_door", "hbmserve.apps.declarative:model_app"]

@@ -88,7 +88,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/* The Serve config (Ray Serve's ServeDeploySchema) for serveConfigV2: one application per model
-     and the front door, built by hbmserve.apps.declarative from the cluster config as data.
+     and the front door, built by hbmserve.deployments.apps.declarative from the cluster config as data.
      Python's serve_config() writes the same structure; tests/chart compare the two. */}}
 {{- define "hbmserve.serveConfig" -}}
 {{- $cluster := deepCopy .Values.cluster }}
@@ -116,10 +116,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $apps := list }}
 {{- range .Values.cluster.models }}
 {{- $args := dict "cluster" $cluster "internal_token_file" $tokenFile "model" .name }}
-{{- $apps = append $apps (dict "name" .name "import_path" "hbmserve.apps.declarative:model_app" "route_prefix" nil "args" $args) }}
+{{- $apps = append $apps (dict "name" .name "import_path" "hbmserve.deployments.apps.declarative:model_app" "route_prefix" nil "args" $args) }}
 {{- end }}
 {{- $doorArgs := dict "cluster" $cluster "internal_token_file" $tokenFile "front_door_replicas" (include "hbmserve.frontDoorReplicas" . | int) }}
-{{- $apps = append $apps (dict "name" "hbmserve-frontdoor" "import_path" "hbmserve.apps.declarative:front_door_app" "route_prefix" nil "args" $doorArgs) }}
+{{- $apps = append $apps (dict "name" "hbmserve-frontdoor" "import_path" "hbmserve.deployments.apps.declarative:front_door_app" "route_prefix" nil "args" $doorArgs) }}
 {{- toYaml (dict "proxy_location" "Disabled" "http_options" (dict "host" (dig "http" "host" "127.0.0.1" $serve)) "applications" $apps) }}
 {{- end }}
 
@@ -209,7 +209,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
        `sha256:` digests in the chart's Secret. Its raw default key and raw admin token stay in the
        Secret for `kubectl get secret` and Prometheus, never in a pod. Every Ray pod needs the same two:
        each runs a front door (one per node) and may run a Serve application build, which checks the
-       keys too (apps/declarative.py). An item path equals its key: the file is the key's name. */}}
+       keys too (deployments/apps/declarative.py). An item path equals its key: the file is the key's name. */}}
 - name: api-keys
   secret:
     secretName: {{ include "hbmserve.apiKeysSecret" . }}

@@ -20,12 +20,12 @@ from typer.testing import CliRunner
 from hbmserve.autoscale import registry
 from hbmserve.autoscale.policy_config import autoscale_config_for
 from hbmserve.autoscale.policy_config import AutoscaleConfig
-from hbmserve.capacity.hardware import load_catalog
-from hbmserve.capacity.scenario import scenario_for, tpot_floor_s
+from hbmserve.capacity.perf.hardware import load_catalog
+from hbmserve.capacity.perf.scenario import scenario_for, tpot_floor_s
 from hbmserve.cli.main import build_app
 from hbmserve.core.config import parse_cluster_spec
-from hbmserve.control.autoscaling import HbmServeAutoscalingPolicy
-from hbmserve.apps.options import model_options
+from hbmserve.deployments.control.autoscaling import HbmServeAutoscalingPolicy
+from hbmserve.deployments.apps.options import model_options
 
 MODEL = {
     "name": "m70", "source": "meta-llama/Llama-3.1-70B-Instruct", "engine": "vllm-gpu",

@@ -11,13 +11,13 @@ import pytest
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.policy import PolicyState, decide
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
-from hbmserve.traces.arrivals import Arrivals
-from hbmserve.sim.cluster_sim import PolicyBinding, SimCluster, simulate
+from hbmserve.capacity.traces.arrivals import Arrivals
+from hbmserve.capacity.sim.cluster_sim import PolicyBinding, SimCluster, simulate
 from hbmserve.core.config import SloSeconds
-from hbmserve.capacity.engine_core import EngineConfig
-from hbmserve.capacity.hardware import get_gpu
-from hbmserve.capacity.model_shape import load_model_shape
-from hbmserve.capacity.perf_model import Deployment
+from hbmserve.capacity.perf.engine_core import EngineConfig
+from hbmserve.capacity.perf.hardware import get_gpu
+from hbmserve.capacity.perf.model_shape import load_model_shape
+from hbmserve.capacity.perf.perf_model import Deployment
 
 TPOT = AutoscaleConfig(upscale_delay_s=0.0, rate_upscale_delay_s=0.0, tpot_p95_target_s=0.1)
 

@@ -105,7 +105,7 @@ def test_evaluate_fails_loudly_when_a_run_beats_the_oracle(app, trace, monkeypat
     # Crafted: the oracle's replay billed 1,000 GPU-h; every fixed fleet now undercuts it.
     import dataclasses
 
-    from hbmserve.sim import comparison
+    from hbmserve.capacity.sim import comparison
 
     real = comparison.evaluate
 
@@ -224,7 +224,7 @@ def test_an_engine_budget_that_breaks_tpot_is_refused_before_any_fleet(app, trac
     # refuses it, naming the field and the budget that fits (issue 27, requirement 3).
     from importlib import resources
 
-    text = resources.files("hbmserve.sim").joinpath("data", "reference_cluster.yaml").read_text()
+    text = resources.files("hbmserve.capacity.sim").joinpath("data", "reference_cluster.yaml").read_text()
     cfg = tmp_path / "big-budget.yaml"
     cfg.write_text(text.replace("max_num_batched_tokens: 1024", "max_num_batched_tokens: 8192"))
     r = run(app, "evaluate", "--trace", str(trace), "--policy", "static-peak", "--json", "--config", str(cfg))
@@ -269,8 +269,8 @@ models:
 
 
 def test_code_trace_writes_the_seeded_generator_s_requests(app, tmp_path):
-    from hbmserve.traces.arrivals import read_trace
-    from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals
+    from hbmserve.capacity.traces.arrivals import read_trace
+    from hbmserve.capacity.traces.code_trace import CodeTraceSpec, code_arrivals
 
     path = tmp_path / "code.csv"
     r = run(app, "code-trace", "--out", str(path), "--seed", "4", "--duration", "300",
@@ -285,8 +285,8 @@ def test_code_trace_writes_the_seeded_generator_s_requests(app, tmp_path):
 
 
 def test_lulls_trace_writes_the_seeded_generator_s_requests(app, tmp_path):
-    from hbmserve.traces.arrivals import read_trace
-    from hbmserve.traces.lulls_trace import LullsTraceSpec, lulls_arrivals
+    from hbmserve.capacity.traces.arrivals import read_trace
+    from hbmserve.capacity.traces.lulls_trace import LullsTraceSpec, lulls_arrivals
 
     path = tmp_path / "lulls.csv"
     r = run(app, "lulls-trace", "--out", str(path), "--seed", "4", "--duration", "600",
@@ -307,8 +307,8 @@ def test_lulls_trace_writes_the_seeded_generator_s_requests(app, tmp_path):
 
 
 def test_diurnal_trace_writes_the_seeded_generator_s_requests(app, tmp_path):
-    from hbmserve.traces.arrivals import read_trace
-    from hbmserve.traces.diurnal_trace import DiurnalTraceSpec, diurnal_arrivals
+    from hbmserve.capacity.traces.arrivals import read_trace
+    from hbmserve.capacity.traces.diurnal_trace import DiurnalTraceSpec, diurnal_arrivals
 
     path = tmp_path / "diurnal.csv"
     r = run(app, "diurnal-trace", "--out", str(path), "--seed", "2", "--duration", "900",

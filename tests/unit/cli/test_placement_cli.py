@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 import hbmserve.placement as placement_pkg
-import hbmserve.placement_io.nvml_discovery as nvml_discovery
+import hbmserve.placement.io.nvml_discovery as nvml_discovery
 from hbmserve.cli.placement import register
 
 DATA = Path(placement_pkg.__file__).parent / "data"

@@ -12,12 +12,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from hbmserve.capacity.slo_cap import SloCheck
+from hbmserve.capacity.perf.slo_cap import SloCheck
 from hbmserve.cli import autoscale, capacity, serve
 from hbmserve.cli.plan_emit import BudgetChecks
 from hbmserve.core.config import load_cluster_spec
 from hbmserve.core.engine_settings import EngineKind
-from hbmserve.traces.code_trace import CodeTraceSpec, code_arrivals
+from hbmserve.capacity.traces.code_trace import CodeTraceSpec, code_arrivals
 
 SOURCE = "meta-llama/Llama-3.1-70B-Instruct"
 PLAN = ["plan", "--model", "llama-3.1-70b", "--slo-ttft-p95", "2", "--slo-tpot-p95", "0.1", "--gpus", "h100",

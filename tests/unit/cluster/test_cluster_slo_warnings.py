@@ -4,10 +4,10 @@ the field and the budget that fits; whatever else cannot meet the SLO is a warni
 
 from __future__ import annotations
 
-from hbmserve.capacity.hardware import load_catalog
-from hbmserve.capacity.perf_model import cost_model
-from hbmserve.capacity.scenario import nominal_workload, scenario_for
-from hbmserve.capacity.slo_cap import ROUND_TOKENS, chunk_step_s
+from hbmserve.capacity.perf.hardware import load_catalog
+from hbmserve.capacity.perf.perf_model import cost_model
+from hbmserve.capacity.perf.scenario import nominal_workload, scenario_for
+from hbmserve.capacity.perf.slo_cap import ROUND_TOKENS, chunk_step_s
 from hbmserve.cluster.checks import deploy_slo_check, slo_findings
 from hbmserve.core.config import parse_cluster_spec
 

@@ -8,7 +8,7 @@ clumps (gamma gaps, CV 1.5: keystroke bursts across many users); prompt lengths 
 around 2,000 tokens (the file around the cursor), clipped to [256, 8,000]; outputs log-normal
 around 40 tokens, clipped to [4, 256].
 
-Seeded and pure. Written as a test fixture (tests/unit/capacity/test_capacity_slo_batch_cap.py and the
+Seeded and pure. Written as a test fixture (tests/unit/capacity/perf/test_capacity_slo_batch_cap.py and the
 planner benchmark load it from here); `python tests/unit/data/code_completion_trace.py --out
 FILE` writes it as an Azure-layout CSV for `hbmserve plan --trace` and `simulate --trace`.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hbmserve.traces.arrivals import Arrivals, gamma_arrivals
+from hbmserve.capacity.traces.arrivals import Arrivals, gamma_arrivals
 
 PROMPT_MEAN, PROMPT_CV, PROMPT_CLIP = 2000.0, 0.4, (256, 8000)
 OUTPUT_MEAN, OUTPUT_CV, OUTPUT_CLIP = 40.0, 0.8, (4, 256)

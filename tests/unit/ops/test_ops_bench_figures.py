@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hbmserve.ops.bench_figures import (FIGURE_KEYS, MAPE_KEYS, RequestRecord, compare, figures_of,
                                         figures_of_summary, relative_error_pct)
 from hbmserve.core.config import SloSeconds
-from hbmserve.sim.metrics import LatencyStats, summarize
+from hbmserve.capacity.sim.metrics import LatencyStats, summarize
 
 
 def ok(i: int, sent: float, ttft: float, e2e: float, tokens: int, itl: tuple[float, ...] = ()) -> RequestRecord:

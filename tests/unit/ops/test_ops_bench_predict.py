@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hbmserve.traces.arrivals import Arrivals, read_trace
+from hbmserve.capacity.traces.arrivals import Arrivals, read_trace
 from hbmserve.cli.main import build_app
 from hbmserve.core.config import ConfigError, load_cluster_spec, parse_cluster_spec
 from hbmserve.core.config import SloSeconds

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hbmserve.traces.arrivals import Arrivals, length_stream
+from hbmserve.capacity.traces.arrivals import Arrivals, length_stream
 from hbmserve.ops.bench_clients import (Ask, EndpointError, Endpoint, Reply, completions_url, load_vllm_request_func,
                                         open_client)
 from hbmserve.ops.bench_figures import RequestRecord

@@ -10,7 +10,7 @@ import pytest
 
 import hbmserve.placement as placement_pkg
 from hbmserve.placement.cluster_file import load_cluster_file
-from hbmserve.placement_io.ray_observe import log_verification
+from hbmserve.placement.io.ray_observe import log_verification
 from hbmserve.placement.placement_types import PlacementRequest
 from hbmserve.placement.placer import plan
 from hbmserve.placement.topology import ClusterTopology

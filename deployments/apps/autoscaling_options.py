@@ -1,0 +1,126 @@
+"""Serve autoscaling options for a model: the live policy's inputs and the AutoscalingConfig
+kwargs that run it, for an unplaced model (one deployment) and for a planned one (one slot
+deployment per planned replica). Part of the one options builder (options.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hbmserve.autoscale.policy_config import autoscale_config_for
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.autoscale.slots import slot_min_replicas
+from hbmserve.capacity.perf.hardware import load_catalog
+from hbmserve.capacity.perf.length_capacity import CapacityTable, capacity_table
+from hbmserve.capacity.perf.perf_model import cost_model
+from hbmserve.capacity.perf.scenario import knobs_of, scenario_for, tpot_floor_s
+from hbmserve.capacity.perf.startup_measured import startup_estimate, startup_inputs_for
+from hbmserve.deployments.control.autoscaling import POLICY_PATH, REPLICA_STATS_PUSH_S
+from hbmserve.deployments.control.slot_autoscaling import SLOT_POLICY_PATH
+from hbmserve.core.config import ModelSpec
+from hbmserve.core.scaling import Tier
+
+
+def live_startup(model: ModelSpec) -> dict[Tier, float] | None:
+    """The start-up model's seconds per tier for `model` (capacity/perf/startup_measured.py), for a
+    config that states none; None when the capacity model does not know its GPU or shape: the
+    schema's defaults then stand."""
+    try:
+        return startup_estimate(model, scenario_for(model, load_catalog()).deployment.gpu)
+    except (ValueError, OSError):  # as live_capacity: the model unknown to the catalog
+        return None
+
+
+def live_promote_s(model: ModelSpec) -> float | None:
+    """The start-up model's promotion for a model whose standbys sleep, added to the wakes its
+    replicas measure (`with_measured_startup`); None for any other model, or when the start-up
+    model has nothing for it (the configured hot start-up then stands)."""
+    if not model.standbys_sleep:
+        return None
+    try:
+        return startup_inputs_for(model, scenario_for(model, load_catalog()).deployment.gpu).promote_s
+    except (ValueError, OSError):  # as live_startup
+        return None
+
+
+def live_capacity(model: ModelSpec) -> tuple[CapacityTable | None, float | None]:
+    """The capacity model's replica capacity by request length and TPOT floor for `model`, built
+    where the config is (its files are here, not in Serve's controller); (None, None) when the
+    capacity model does not know its GPU or shape: the policy then runs on the configured figure."""
+    try:
+        sc = scenario_for(model, load_catalog())
+    except (ValueError, OSError):  # ScenarioError, CatalogError, ModelConfigError: all ValueErrors
+        return None, None
+    table = capacity_table(cost_model(sc.deployment), knobs_of(sc), sc.slo_ttft_s, sc.slo_tpot_s)
+    return table, tpot_floor_s(sc)
+
+
+def policy_kwargs(config: AutoscaleConfig, capacity: CapacityTable | None = None,
+                  promote_s: float | None = None) -> dict[str, Any]:
+    """What Serve hands `HbmServeAutoscalingPolicy(**kwargs)`: the config's fields, the capacity
+    table when the replica capacity is re-estimated, and the promotion of sleeping standbys."""
+    return {**asdict(config), **({"capacity_by_length": capacity.to_dict()} if capacity else {}),
+            **({"promote_s": promote_s} if promote_s is not None else {})}
+
+
+def serve_autoscaling_config(config: AutoscaleConfig, capacity: CapacityTable | None = None,
+                             promote_s: float | None = None) -> dict[str, Any]:
+    """Kwargs for ray.serve.config.AutoscalingConfig running hbmserve's policy. Serve wraps every
+    custom policy in its own delay logic (autoscaling_policy.py _apply_autoscaling_config), so
+    its delays are 0 here and the policy's hysteresis is the only one. `promote_s`: for a model
+    whose standbys sleep (`live_promote_s`)."""
+    return {
+        "min_replicas": config.min_replicas,
+        # Standbys only fill room under max_replicas (warm_pool.size_pool), so active + hot
+        # never exceeds it.
+        "max_replicas": config.max_replicas,
+        "look_back_period_s": config.look_back_s,
+        "metrics_interval_s": min(REPLICA_STATS_PUSH_S, config.look_back_s / 2),
+        "upscale_delay_s": 0.0,
+        "downscale_delay_s": 0.0,
+        "downscale_to_zero_delay_s": 0.0,
+        "policy": {"policy_function": POLICY_PATH, "policy_kwargs": policy_kwargs(config, capacity, promote_s)},
+    }
+
+
+@dataclass(frozen=True)
+class LivePolicy:
+    """A model's live policy inputs, resolved where the config and the capacity model's files are
+    (not in Serve's controller): the one AutoscaleConfig every path deploys."""
+
+    config: AutoscaleConfig
+    capacity: CapacityTable | None  # set when `autoscaling.reestimate_capacity`
+    promote_s: float | None  # set for a model whose standbys sleep
+
+    def serve_config(self) -> dict[str, Any]:
+        return serve_autoscaling_config(self.config, self.capacity, self.promote_s)
+
+
+def live_policy(model: ModelSpec) -> LivePolicy | None:
+    """The policy inputs of an autoscaled model, None for a fixed one. The unplaced and the
+    slotted paths both come through here, so they plan with the same start-up and capacity."""
+    if model.autoscaling is None:
+        return None
+    table, floor = live_capacity(model)
+    config = autoscale_config_for(model, tpot_floor_s=floor, estimated_startup_s=live_startup(model))
+    if config is None:
+        raise ValueError(f"models.{model.name}.autoscaling: no policy config could be built")
+    return LivePolicy(config, table if model.autoscaling.reestimate_capacity else None, live_promote_s(model))
+
+
+def slot_autoscaling_configs(model: ModelSpec, slots: int, model_deployment: str) -> list[dict[str, Any]]:
+    """Serve AutoscalingConfig kwargs for each slot deployment of a planned, autoscaled `model`:
+    the model's own config (`live_policy`) with a 0..1 range per slot; slot 0 leads and runs the
+    model's policy (deployments/control/slot_autoscaling.py says why)."""
+    policy = live_policy(model)
+    if policy is None:
+        raise ValueError(f"models.{model.name}: only an autoscaled model has slots")
+    base, config = policy.serve_config(), policy.config
+    leader = policy_kwargs(config, policy.capacity, policy.promote_s)
+    return [{**base, "min_replicas": slot_min_replicas(config.min_replicas, k), "max_replicas": 1,
+             "policy": {"policy_function": SLOT_POLICY_PATH,
+                        "policy_kwargs": {"slot": k, "slots": slots, "model_deployment": model_deployment,
+                                          "look_back_s": config.look_back_s,
+                                          "leader": leader if k == 0 else None}}}
+            for k in range(slots)]

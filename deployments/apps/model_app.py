@@ -1,0 +1,47 @@
+"""A model's Serve application when the placement planner does not place it: one engine
+deployment (deployments/replica/engine_replica.py), its options from options.py; and the check that every
+model's engine can be built here before anything deploys.
+"""
+
+from __future__ import annotations
+
+from hbmserve.deployments.apps.options import model_options
+from hbmserve.core.config import ClusterSpec, ModelSpec
+from hbmserve.core.engine_settings import EngineKind
+from hbmserve.deployments.replica.engine_replica import ENGINE_SERVERS, EngineReplica
+
+
+def unsupported_engines(spec: ClusterSpec) -> list[str]:
+    problems = [f"models.{i}.engine: '{m.engine.value}' is not available in this build (have: "
+                f"{', '.join(k.value for k in ENGINE_SERVERS)})"
+                for i, m in enumerate(spec.models) if m.engine not in ENGINE_SERVERS]
+    return problems + _sim_scenario_problems(spec)
+
+
+def _sim_scenario_problems(spec: ClusterSpec) -> list[str]:
+    """A simulated model that cannot be simulated (unknown GPU or shape, does not fit) fails here,
+    before deploying, rather than as a replica constructor crash-looping in Serve."""
+    sims = [m for m in spec.models if m.engine is EngineKind.SIM]
+    if not sims:
+        return []
+    from hbmserve.capacity.perf.hardware import CatalogError, load_catalog
+    from hbmserve.capacity.perf.model_shape import ModelConfigError
+    from hbmserve.capacity.perf.scenario import ScenarioError, scenario_for
+
+    catalog, problems = load_catalog(), []
+    for m in sims:
+        try:
+            scenario_for(m, catalog)
+        except (ScenarioError, ModelConfigError, CatalogError) as err:
+            msg = str(err)
+            problems.append(msg if msg.startswith("models.") else f"models.{m.name}.sim: {msg}")
+    return problems
+
+
+def build_model_app(spec: ClusterSpec, model: ModelSpec, internal_token: str):
+    """The model's Serve application: its engine deployment. A model that may scale to zero
+    needs nothing more: the front door holds its requests while no replica is active."""
+    from ray import serve
+
+    deployment = serve.deployment(EngineReplica, **model_options(model).serve_kwargs())
+    return deployment.bind(model.model_dump_json(), spec.serve.http.host, internal_token, spec.cache.model_dump_json())

@@ -1,0 +1,118 @@
+"""A front door's `GET /metrics` (admin token): the Prometheus view of its own node.
+
+What one front door exports, each family once:
+* the engine families of the replicas on its node (engine_metrics.py), renamed hbmserve_* and
+  labelled model and replica; a replica on another node is that node's front door's business,
+  so summing any family over the front doors never counts a replica twice;
+* its own: refusals by model, reason and tenant, requests held in its queues, the hourly
+  price of the replicas on its node, and each model's SLO (so a dashboard draws it beside the
+  p95 it bounds; every front door exports it, so take `max`, not `sum`);
+* GPU gauges from NVML where the node has GPUs (gpu_metrics.py), nothing elsewhere.
+The cluster-wide figures the autoscaling policy knows (replicas by role, target, last action)
+are Ray gauges (records_store.DecisionLog), on Ray's metrics port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from hbmserve.core.config import SLO
+from hbmserve.deployments.wire.engine_metrics import METRICS_PATH, exposition, parse_engine_text, relabel
+from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
+from hbmserve.deployments.ingress.replica_table import KnownReplica, ReplicaTable
+
+log = logging.getLogger("hbmserve.frontdoor")
+
+SCRAPE_TIMEOUT_S = 2.0
+NO_MODEL = "-"  # a refusal before the model was known (auth, a malformed body)
+NO_TENANT = "-"  # a refusal before a key was checked, or with auth off
+
+
+@dataclass(frozen=True)
+class RefusalKey:
+    model: str
+    reason: str  # the OpenAI error code of the answer (rate_limit_exceeded, queue_full, ...)
+    tenant: str
+
+
+class Refusals:
+    """Every error answer of a front door, counted by model, reason and tenant."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[RefusalKey] = Counter()
+
+    def note(self, model: str | None, reason: str, tenant: str | None) -> None:
+        self.counts[RefusalKey(model or NO_MODEL, reason, tenant or NO_TENANT)] += 1
+
+
+def merge_families(families: Iterable[Metric]) -> list[Metric]:
+    """One family per name, the samples of every replica's family of that name together: the
+    text format allows each name once."""
+    merged: dict[str, Metric] = {}
+    for f in families:
+        into = merged.get(f.name)
+        if into is None:
+            into = merged[f.name] = Metric(f.name, f.documentation, f.type)
+        into.samples.extend(f.samples)
+    return list(merged.values())
+
+
+def door_families(refusals: Refusals, queued: dict[str, int], local: Iterable[KnownReplica],
+                  usd_per_replica_hour: dict[str, float | None], slos: Mapping[str, SLO]) -> list[Metric]:
+    """The front door's own families (pure: tests call it with plain data)."""
+    refused = CounterMetricFamily("hbmserve_refusals", "Requests a front door answered with an error instead of "
+                                  "serving, by OpenAI error code", labels=("model", "reason", "tenant"))
+    for key, n in sorted(refusals.counts.items(), key=lambda kv: (kv[0].model, kv[0].reason, kv[0].tenant)):
+        refused.add_metric((key.model, key.reason, key.tenant), n)
+    held = GaugeMetricFamily("hbmserve_door_queued_requests", "Requests a front door holds, waiting for a "
+                             "replica (scale from zero, bursts)", labels=("model",))
+    for model, n in sorted(queued.items()):
+        held.add_metric((model,), n)
+    replicas: Counter[str] = Counter(r.endpoint.model for r in local)
+    cost = GaugeMetricFamily("hbmserve_cost_usd_per_hour", "Hourly price of the GPUs of this node's running "
+                             "replicas (catalog or hardware.usd_per_gpu_hour)", labels=("model",))
+    for model, price in sorted(usd_per_replica_hour.items()):
+        if price is not None:
+            cost.add_metric((model,), replicas[model] * price)
+    slo = GaugeMetricFamily("hbmserve_slo_seconds", "The model's latency SLO from the cluster config: p95 "
+                            "time to first token (ttft) and per output token (tpot)", labels=("model", "kind"))
+    for model, s in sorted(slos.items()):
+        slo.add_metric((model, "ttft"), s.ttft_p95_ms / 1000)
+        slo.add_metric((model, "tpot"), s.tpot_p95_ms / 1000)
+    return [refused, held, cost, slo]
+
+
+async def _replica_families(session, r: KnownReplica, token: str) -> list[Metric]:
+    import aiohttp
+
+    try:
+        async with session.get(r.endpoint.url + METRICS_PATH, headers={INTERNAL_TOKEN_HEADER.decode(): token},
+                               timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)) as resp:
+            if resp.status != 200:
+                return []
+            text = (await resp.read()).decode()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        log.debug("no metrics from replica %s of %s", r.endpoint.replica, r.endpoint.model)
+        return []
+    return relabel(parse_engine_text(text), r.endpoint.model, r.endpoint.replica)
+
+
+def local_replicas(table: ReplicaTable, node_id: str) -> list[KnownReplica]:
+    return [r for replicas in table.replicas.values() for r in replicas.values() if r.endpoint.node_id == node_id]
+
+
+async def node_metrics(session, token: str, local: list[KnownReplica], own: list[Metric],
+                       gpus: Callable[[], list[Metric]] | None) -> bytes:
+    """The whole /metrics reply: the local replicas' engine families (scraped now, concurrently),
+    the door's own families and the GPU families."""
+    scraped = await asyncio.gather(*(_replica_families(session, r, token) for r in local))
+    engine = merge_families(f for families in scraped for f in families)
+    gpu = await asyncio.to_thread(gpus) if gpus is not None else []  # NVML calls block
+    return exposition(engine + own + gpu)

@@ -1,0 +1,338 @@
+"""The front door's ASGI app: one request from the client's bytes to a replica's reply.
+
+    credential = guard.check(path, headers)             # every path but /health needs a key
+    body = read_body(...)                               # size limit 413, time limit 408
+    model = spec.model(body["model"])                   # unknown: 404
+    gen = read_generation(path, body)                   # what the engine runs, as vLLM reads it: 400
+    guard.charge(tenant, gen.most_tokens(...), doors)   # tenant rate limits, split over doors: 429
+    ticket = await admission[model].enter(ask)          # queue or refuse: 429 / 503
+    for replica in choose(table.loads(model), route):   # the shared router, at most 2 tries
+        relay(..., tap)                                 # retried only before the first byte
+    admission[model].leave(ticket)
+    guard.settle(tenant, charged, tap.spent(...))       # the engine's usage settles the bucket
+
+Every refusal and proxy failure is an OpenAI-style JSON error; none is a plain-text 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from hbmserve.core.config import ClusterSpec
+from hbmserve.core.routing import CHARS_PER_TOKEN, RouteRequest, Router
+from hbmserve.deployments.ingress.front_door_access import AccessGuard, Credential, Refusal
+from hbmserve.deployments.ingress.dashboard_feed import DashboardFeed
+from hbmserve.deployments.ingress.door_metrics import Refusals
+from hbmserve.deployments.ingress.front_door_openapi import openapi_document
+from hbmserve.deployments.ingress.front_door_queue import ModelAdmission, ask_for
+from hbmserve.deployments.ingress.relay import FirstByteTimeout, NotStarted, relay, upstream_headers
+from hbmserve.deployments.ingress.request_body import EMBEDDINGS, BodyShapeError, Generation, read_generation
+from hbmserve.deployments.ingress.usage_tap import UsageTap, with_usage_asked
+from hbmserve.routing.queue import Ask
+from hbmserve.deployments.wire.http import json_response, openai_error
+from hbmserve.deployments.ingress.replica_table import ReplicaTable
+from hbmserve.routing.routers import ROUTERS
+from hbmserve.routing.prefix import chat_prompt_text, prompt_block_hashes
+
+log = logging.getLogger("hbmserve.frontdoor")
+
+# Paths relayed to a replica, chosen by the body's `model`; those that run the model go through
+# admission (the replica's cap too: replica_middleware.ADMITTED_PATHS).
+RUN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations", EMBEDDINGS})
+MODEL_PATHS = RUN_PATHS | {"/tokenize", "/detokenize"}
+ATTEMPTS = 2  # the first replica, and one retry elsewhere when the first failed before any byte
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    max_bytes: int = 4 * 1024 * 1024
+    read_timeout_s: float = 30.0
+    first_byte_timeout_s: float = 600.0
+
+
+class BodyError(Exception):
+    def __init__(self, status: int, message: str, code: str):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+async def read_body(scope, receive, limits: BodyLimits) -> bytes:
+    """The whole request body, or BodyError: 413 past the size limit (checked against
+    Content-Length first, so a large upload is refused before it is read), 408 when the client
+    does not finish sending in time. A slow body holds a connection, never an admission slot."""
+    declared = dict(scope["headers"]).get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
+        raise BodyError(413, f"request body of {int(declared)} bytes exceeds the limit of {limits.max_bytes}",
+                        "request_too_large")
+    parts, size = [], 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.read_timeout_s
+    while True:
+        try:
+            message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            raise BodyError(408, f"request body not received within {limits.read_timeout_s:g}s",
+                            "request_timeout") from None
+        if message["type"] == "http.disconnect":
+            raise BodyError(499, "client closed the connection", "client_closed")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limits.max_bytes:
+            raise BodyError(413, f"request body exceeds the limit of {limits.max_bytes} bytes", "request_too_large")
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+def prompt_text(path: str, body: dict[str, Any]) -> str:
+    if path == "/v1/chat/completions" and isinstance(body.get("messages"), list):
+        return chat_prompt_text(body["messages"])
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = prompt[0] if prompt and isinstance(prompt[0], str) else ""
+    return prompt if isinstance(prompt, str) else ""
+
+
+async def _send_error(send, status: int, message: str, err_type: str, code: str, retry_after: int | None = None,
+                      param: str | None = None):
+    headers = [(b"retry-after", str(retry_after).encode())] if retry_after else []
+    for msg in openai_error(status, message, err_type, code, headers, param):
+        await send(msg)
+
+
+async def _while_connected(receive, work):
+    """`work`'s result (a queue's ticket, a relay), unless the client goes away first: then it is
+    cancelled (None), which gives back a queued place at once, and closes a relay's upstream
+    connection so that the engine aborts the request instead of generating for nobody."""
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        return await task
+    return None
+
+
+class FrontDoorApp:
+    def __init__(self, spec: ClusterSpec, table: ReplicaTable, guard: AccessGuard,
+                 admission: dict[str, ModelAdmission], session_of, token: str, limits: BodyLimits, *,
+                 info_of=None, metrics_of=None, dashboard: DashboardFeed | None = None):
+        self.spec = spec
+        self.table = table
+        self.guard = guard
+        self.admission = admission
+        self.session_of = session_of  # () -> the aiohttp session of the running loop
+        self.token = token
+        self.limits = limits
+        self.info_of = info_of  # () -> IngressInfo as plain data (the front door's /hbm/info)
+        self.metrics_of = metrics_of  # async () -> the /metrics reply (door_metrics.py)
+        self.refusals = Refusals()
+        self.dashboard = dashboard  # the ops dashboard's feed: serves its page, times each reply
+        self.openapi = openapi_document(spec)
+        self.retried: dict[str, int] = {}  # model -> requests retried on another replica
+        self.route: Router = ROUTERS[spec.serve.router]
+        self._requests = 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == "/health":
+            for msg in json_response(200, {"status": "ok"}):
+                await send(msg)
+            return
+        credential = self.guard.check(path, scope["headers"])
+        if isinstance(credential, Refusal):
+            await self._refuse(send, credential)
+            return
+        if path == "/v1/models" or path.startswith("/v1/models/"):
+            await self._models(path, send)
+        elif path in MODEL_PATHS:
+            if scope["method"] != "POST":
+                await self._error(send, 405, f"{path} takes POST", "invalid_request_error", "method_not_allowed")
+                return
+            await self._model_request(scope, receive, send, credential)
+        elif path.startswith("/hbm/dashboard") and self.dashboard is not None:
+            for msg in self.dashboard.messages(scope["method"], path):  # the page: dashboard_feed.py
+                await send(msg)
+        elif path == "/hbm/info" and self.info_of is not None:
+            for msg in json_response(200, self.info_of()):
+                await send(msg)
+        elif path == "/metrics" and self.metrics_of is not None:
+            body = await self.metrics_of()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+        elif path == "/openapi.json":
+            for msg in json_response(200, self.openapi):
+                await send(msg)
+        else:
+            await self._error(send, 404, f"no such path: {path}", "invalid_request_error", "not_found")
+
+    async def _error(self, send, status: int, message: str, err_type: str, code: str, retry_after: int | None = None,
+                     model: str | None = None, tenant: str | None = None, param: str | None = None) -> None:
+        self.refusals.note(model, code, tenant)
+        await _send_error(send, status, message, err_type, code, retry_after, param)
+
+    async def _refuse(self, send, r: Refusal, model: str | None = None, tenant: str | None = None) -> None:
+        await self._error(send, r.status, r.message, r.err_type, r.code, r.retry_after_s, model, tenant)
+
+    async def _models(self, path: str, send) -> None:
+        def card(m):
+            return {"id": m.name, "object": "model", "created": 0, "owned_by": "hbmserve", "root": m.name,
+                    "parent": None, "max_model_len": m.engine_settings.max_model_len}
+
+        if path == "/v1/models":
+            for msg in json_response(200, {"object": "list", "data": [card(m) for m in self.spec.models]}):
+                await send(msg)
+            return
+        name = path.removeprefix("/v1/models/")
+        model = self.spec.model(name)
+        if model is None:
+            await self._error(send, 404, f"The model `{name}` does not exist.", "invalid_request_error",
+                              "model_not_found")
+            return
+        for msg in json_response(200, card(model)):
+            await send(msg)
+
+    async def _model_request(self, scope, receive, send, credential: Credential) -> None:
+        path = scope["path"]
+        tenant = credential.tenant.name if credential.tenant is not None else None
+        try:
+            raw = await read_body(scope, receive, self.limits)
+        except BodyError as err:
+            if err.status != 499:
+                await self._error(send, err.status, str(err), "invalid_request_error", err.code, tenant=tenant)
+            return
+        try:
+            body = json.loads(raw)
+        except RecursionError:  # 400 KB of nested brackets: refused, not a 500
+            await self._error(send, 400, "the request body is nested too deeply", "invalid_request_error",
+                              "invalid_json", tenant=tenant)
+            return
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            await self._error(send, 400, "the request body must be a JSON object", "invalid_request_error",
+                              "invalid_json", tenant=tenant)
+            return
+        name = body.get("model")
+        if not isinstance(name, str) or not name:
+            await self._error(send, 400, "you must provide a model parameter", "invalid_request_error",
+                              "missing_model", tenant=tenant)
+            return
+        model = self.spec.model(name)
+        if model is None:  # counted without the name: a label per made-up name would have no bound
+            await self._error(send, 404, f"The model `{name}` does not exist.", "invalid_request_error",
+                              "model_not_found", tenant=tenant)
+            return
+        if path in RUN_PATHS:
+            try:
+                gen = read_generation(path, body)
+            except BodyShapeError as err:
+                await self._error(send, 400, str(err), "invalid_request_error", "invalid_request_body",
+                                  model=model.name, tenant=tenant, param=err.param)
+                return
+            if path != EMBEDDINGS and gen.sequences > model.engine_settings.max_num_seqs:
+                await self._error(send, 400, f"{gen.sequences} sequences (n x prompts) exceed what {model.name} runs "
+                                  f"at once ({model.engine_settings.max_num_seqs}, max_num_seqs)",
+                                  "invalid_request_error", "too_many_sequences", model=model.name, tenant=tenant,
+                                  param="n")
+                return
+        text = prompt_text(path, body)  # for prefix hashing; after the shape check, which it relies on
+        if path not in RUN_PATHS:  # /tokenize, /detokenize: the engine's tokenizer, not the model
+            tokens = len(text) // CHARS_PER_TOKEN
+            gen = Generation(prompts=1, sequences=1, prompt_tokens=tokens, max_tokens=0, all_prompt_tokens=tokens)
+        charged = gen.most_tokens(model.engine_settings.max_model_len)
+        refused = self.guard.charge(credential, charged, self.table.doors)
+        if refused is not None:
+            if refused.code == "request_too_large" and gen.max_tokens is None:
+                refused = replace(refused, message=f"{refused.message} Without max_tokens a reply may run to the end "
+                                  f"of the context ({model.engine_settings.max_model_len} tokens): set max_tokens.")
+            await self._refuse(send, refused, model.name, tenant)
+            return
+        tap = UsageTap(strip=gen.stream and not gen.stream_usage)
+        try:
+            await self._admit_and_relay(scope, receive, send, model.name, with_usage_asked(raw, body, gen),
+                                        ask_for(credential, model, gen, asyncio.get_running_loop().time()),
+                                        text, tenant, tap)
+        finally:  # the bucket keeps what the engine spent, not the most the request might have
+            self.guard.settle(credential, charged, tap.spent(charged, gen.all_prompt_tokens), self.table.doors)
+
+    async def _admit_and_relay(self, scope, receive, send, model: str, raw: bytes, ask: Ask, text: str,
+                               tenant: str | None, tap: UsageTap) -> None:
+        if scope["path"] not in RUN_PATHS:
+            await _while_connected(receive, self._route_and_relay(scope, send, model, raw,
+                                                                  RouteRequest(ask.prompt_tokens, 0), tenant, tap))
+            return
+        gate = self.admission[model]
+        if self.dashboard is not None:  # times what the client gets, for the ops dashboard
+            send = self.dashboard.watch(model, send, ask.arrived_at, len(raw))
+        # A client that leaves while queued gives its place back at once (enter's cancellation).
+        ticket = await _while_connected(receive, gate.enter(ask))
+        if ticket is None:
+            return
+        if isinstance(ticket, Refusal):
+            await self._refuse(send, ticket, model, tenant)
+            return
+        try:
+            self._requests += 1  # the salt of choose's power-of-two draw: spreads ties, reproducibly
+            route = RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=prompt_block_hashes(text),
+                                 salt=self._requests)
+            await _while_connected(receive, self._route_and_relay(scope, send, model, raw, route, tenant, tap))
+        finally:
+            gate.leave(ticket)
+
+    async def _route_and_relay(self, scope, send, model: str, raw: bytes, route: RouteRequest,
+                               tenant: str | None, tap: UsageTap) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        query = scope.get("query_string", b"").decode("latin-1")
+        suffix = scope["path"] + (f"?{query}" if query else "")
+        headers = upstream_headers(scope["headers"], self.token)
+        tried: list[str] = []
+        failure = "no active replica"
+        for _ in range(ATTEMPTS):
+            ranked = [rid for rid in self.route(self.table.loads(model), route).ranked if rid not in tried]
+            replica = self.table.get(model, ranked[0]) if ranked else None
+            if replica is None:
+                break
+            tried.append(replica.endpoint.replica)
+            replica.sent_since_poll += 1
+            replica.remember(route.prefix_hashes)
+            tap.forwarded = True
+            try:
+                await relay(self.session_of(), replica.endpoint.url + suffix, scope["method"], headers, raw, send,
+                            self.limits.first_byte_timeout_s, started, replica.endpoint.replica, tap)
+                return
+            except NotStarted as err:
+                failure = f"replica {replica.endpoint.replica} failed before answering ({err})"
+                log.warning("%s: %s; %s", model, failure, "retrying on another replica" if len(tried) < ATTEMPTS
+                            else "giving up")
+                self.table.mark_unreachable(model, replica.endpoint.replica)
+                if len(tried) < ATTEMPTS:
+                    self.retried[model] = self.retried.get(model, 0) + 1
+            except FirstByteTimeout:
+                await self._error(send, 504, f"replica {replica.endpoint.replica} of {model} sent nothing within "
+                                  f"{self.limits.first_byte_timeout_s:g}s", "server_error", "upstream_timeout",
+                                  model=model, tenant=tenant)
+                return
+        status = 503 if not tried else 502
+        await self._error(send, status, f"{model}: {failure}", "server_error",
+                          "no_replica" if status == 503 else "replica_failed", retry_after=1, model=model,
+                          tenant=tenant)

@@ -1,0 +1,104 @@
+"""One request relayed from the front door to one replica, and back, byte for byte.
+
+The response's status and headers are held back until the replica's first body byte arrives:
+until then nothing has reached the client, so a replica that dies (connection refused or reset,
+closed before answering) is a `NotStarted` failure the caller retries once on another replica.
+After the first byte, a failure ends the stream: a server-sent-event stream gets a terminal
+`data: {"error": ...}` event, so an OpenAI client raises instead of silently stopping short.
+A client that goes away cancels the upstream request, which frees the engine's slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+from hbmserve.deployments.ingress.usage_tap import UsageTap
+from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
+
+_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"host", b"upgrade", b"te",
+                         b"trailer", b"proxy-authorization", b"proxy-connection", b"content-length",
+                         b"authorization", INTERNAL_TOKEN_HEADER})
+_RESPONSE_DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "trailer"})
+
+
+class NotStarted(Exception):
+    """The replica failed before the client got any byte: safe to retry elsewhere."""
+
+
+class FirstByteTimeout(Exception):
+    """The replica accepted the request but sent nothing within the first-byte timeout."""
+
+
+@dataclass(frozen=True)
+class Relayed:
+    status: int
+    first_byte_s: float | None  # None when the reply had no body
+    completed: bool  # False: the stream broke after it started (the client got an error event)
+
+
+def upstream_headers(client_headers: list[tuple[bytes, bytes]], token: str) -> dict[str, str]:
+    out = {k.decode("latin-1"): v.decode("latin-1") for k, v in client_headers if k.lower() not in _HOP_BY_HOP}
+    out[INTERNAL_TOKEN_HEADER.decode()] = token
+    return out
+
+
+def sse_error_event(message: str) -> bytes:
+    body = {"error": {"message": message, "type": "server_error", "param": None, "code": "replica_failed"}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+REPLICA_HEADER = b"x-hbmserve-replica"
+
+
+async def relay(session, url: str, method: str, headers: dict[str, str], body: bytes, send,
+                first_byte_timeout_s: float, started_at: float, replica: str = "",
+                tap: UsageTap | None = None) -> Relayed:
+    """Send the request to `url` and stream the reply to the ASGI `send`; the reply names the
+    replica that served it (`x-hbmserve-replica`), for the client's and the operator's logs.
+    `tap` reads the engine's usage on the way (usage_tap.py)."""
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + first_byte_timeout_s  # for the status line and the first body byte
+    try:
+        resp = await asyncio.wait_for(
+            session.request(method, url, data=body, headers=headers,
+                            timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0)),
+            timeout=first_byte_timeout_s)
+    except asyncio.TimeoutError:
+        raise FirstByteTimeout() from None
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as err:
+        raise NotStarted(f"{type(err).__name__}: {err}") from None
+    try:
+        chunks = resp.content.iter_any()
+        try:
+            first = await asyncio.wait_for(anext(chunks, b""), timeout=max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            raise FirstByteTimeout() from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as err:
+            raise NotStarted(f"{type(err).__name__}: {err}") from None
+        first_at = loop.time() - started_at if first else None
+        is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+        out_headers = [(k.encode("latin-1").lower(), v.encode("latin-1")) for k, v in resp.headers.items()
+                       if k.lower() not in _RESPONSE_DROP and not (is_sse and k.lower() == "content-length")]
+        if replica:
+            out_headers.append((REPLICA_HEADER, replica.encode()))
+        tap = tap or UsageTap(strip=False)
+        tap.begin(resp.status, is_sse)
+        await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
+        if first:
+            await send({"type": "http.response.body", "body": tap.feed(first), "more_body": True})
+        try:
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": tap.feed(chunk), "more_body": True})
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as err:
+            tail = sse_error_event(f"the replica serving this request failed mid-stream ({type(err).__name__}); "
+                                   "the reply is incomplete") if is_sse else b""
+            await send({"type": "http.response.body", "body": tap.finish() + tail})
+            return Relayed(resp.status, first_at, completed=False)
+        await send({"type": "http.response.body", "body": tap.finish()})
+        return Relayed(resp.status, first_at, completed=True)
+    finally:
+        resp.release() if resp.content.at_eof() else resp.close()

@@ -1,0 +1,126 @@
+"""The front door's picture of every model's replicas: where they listen, which are active,
+and how loaded each is, kept fresh by polling; and the `ReplicaLoad`s `routing.choose` ranks.
+
+Three sources, each refreshed by the front door's loops (front_door.py):
+* endpoints the replicas announce (records_store.live_endpoints, ~1 s);
+* the autoscaling policy's decision: which replicas are active (records_store.latest_decision);
+  a model with a fixed replica count has every replica active;
+* each replica's own load report (`GET /hbm/load`, every POLL_S), the same counters the
+  autoscaler reads. Between polls the front door adds the requests it sent since, so a burst
+  that arrives between two polls does not all land on the replica that looked idlest.
+A replica that fails a poll or a connection is out of rotation until a poll succeeds again:
+a dead replica or a removed node is routed around at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from hbmserve.core.records import DecisionRecord, LoadReport, RecordError, ReplicaEndpoint
+from hbmserve.core.routing import ReplicaLoad
+from hbmserve.core.scaling import ReplicaState
+from hbmserve.routing.prefix import RecentPrefixes
+from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER, LOAD_PATH
+
+log = logging.getLogger("hbmserve.frontdoor")
+
+POLL_S = 0.1
+POLL_TIMEOUT_S = 1.0
+# Prefix block hashes remembered per replica: the router's picture of its prefix cache (what it
+# sent there lately). 64-character blocks: 20k of them is ~1.3 MB of prompt text.
+PREFIX_MEMORY = 20_000
+
+
+@dataclass
+class KnownReplica:
+    """One replica as this front door sees it (mutable: the loops update it in place)."""
+
+    endpoint: ReplicaEndpoint
+    active: bool = False
+    reachable: bool = False  # the last poll succeeded
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    sent_since_poll: int = 0
+    prefixes: RecentPrefixes = field(default_factory=lambda: RecentPrefixes(PREFIX_MEMORY))
+
+    def remember(self, hashes: tuple[int, ...]) -> None:
+        self.prefixes.remember(hashes)
+
+    def load(self) -> ReplicaLoad:
+        state = ReplicaState.ACTIVE if self.active and self.reachable else ReplicaState.STANDBY
+        return ReplicaLoad(self.endpoint.replica, state, waiting=self.waiting + self.sent_since_poll,
+                           running=self.running, kv_usage=self.kv_usage, cached_prefixes=self.prefixes.keys())
+
+
+class ReplicaTable:
+    def __init__(self, models: list[str], autoscaled: set[str]):
+        self.models = models
+        self.autoscaled = autoscaled
+        self.replicas: dict[str, dict[str, KnownReplica]] = {m: {} for m in models}
+        self.doors = 1  # live front doors, this one included: they split each model's admission
+
+    # -- refresh -------------------------------------------------------------------------
+    def update(self, endpoints: list[ReplicaEndpoint], decisions: dict[str, DecisionRecord | None]) -> None:
+        """New endpoint list and decisions (by model); keeps what it knew of known replicas."""
+        seen: dict[str, dict[str, ReplicaEndpoint]] = {m: {} for m in self.models}
+        for ep in endpoints:
+            if ep.model in seen:
+                seen[ep.model][ep.replica] = ep
+        for model, eps in seen.items():
+            table = self.replicas[model]
+            for gone in set(table) - set(eps):
+                del table[gone]
+            decision = decisions.get(model)
+            for rid, ep in eps.items():
+                r = table.get(rid)
+                if r is None or r.endpoint.url != ep.url:
+                    r = table[rid] = KnownReplica(ep)
+                r.endpoint = ep
+                r.active = (model not in self.autoscaled or decision is None or rid in decision.active_replicas)
+
+    async def poll(self, session, token: str) -> None:
+        """Every known replica's load report, concurrently."""
+        everyone = [r for table in self.replicas.values() for r in table.values()]
+        await asyncio.gather(*(self._poll_one(session, r, token) for r in everyone))
+
+    async def _poll_one(self, session, r: KnownReplica, token: str) -> None:
+        import aiohttp
+
+        try:
+            async with session.get(r.endpoint.url + LOAD_PATH, headers={INTERNAL_TOKEN_HEADER.decode(): token},
+                                   timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT_S)) as resp:
+                report = LoadReport.from_json(await resp.read()) if resp.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, RecordError):
+            report = None
+        if report is None:
+            if r.reachable:
+                log.warning("replica %s of %s at %s stopped answering: out of rotation", r.endpoint.replica,
+                            r.endpoint.model, r.endpoint.url)
+            r.reachable = False
+            return
+        r.reachable = True
+        r.waiting, r.running, r.kv_usage = report.waiting, report.running, report.kv_usage
+        r.sent_since_poll = 0
+
+    # -- routing ------------------------------------------------------------------------
+    def loads(self, model: str) -> list[ReplicaLoad]:
+        return [r.load() for r in self.replicas.get(model, {}).values()]
+
+    def get(self, model: str, replica: str) -> KnownReplica | None:
+        return self.replicas.get(model, {}).get(replica)
+
+    def routable(self, model: str) -> int:
+        return sum(1 for r in self.replicas.get(model, {}).values() if r.active and r.reachable)
+
+    def starting_or_standby(self, model: str) -> int:
+        """Replicas that exist but take no traffic yet: help that may arrive soon."""
+        return sum(1 for r in self.replicas.get(model, {}).values() if not (r.active and r.reachable))
+
+    def mark_unreachable(self, model: str, replica: str) -> None:
+        r = self.get(model, replica)
+        if r is not None:
+            r.reachable = False
+

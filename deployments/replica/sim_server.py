@@ -1,0 +1,310 @@
+"""The simulated engine (deployments/replica/sim_engine.py) served over a small OpenAI-compatible HTTP app.
+
+`SimHttpServer` meets the same `EngineServer` contract as `VLLMHttpServer` (engine_server.py)
+and has the same data path: one FastAPI app behind `ReplicaMiddleware` (replica_middleware.py), served
+by uvicorn on the replica's event loop, on a private port behind the front door. Tokens arrive at the pace the
+performance model predicts for `sim.gpu` running `sim.model_config_name` at the model's TP/PP,
+`sim.speedup` times faster, so the real Serve control plane can run tens of "70B on H100"
+replicas on two cores. What the protocol estimates (prompt tokens, reply text) is in
+sim_protocol.py.
+
+With `engine_settings.enable_prefix_caching`, each text prompt is cut into block hashes the way
+the ingress cuts it (routing/prefix.py: chat messages rendered by `chat_prompt_text`, 64
+characters a block, so one hash names 64 / BYTES_PER_TOKEN = 16 estimated tokens), and the
+engine's prefix cache hits are real; `engine_stats()` reports prompt tokens and cache hits.
+Prompts given as token ids are not hashed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from prometheus_client.metrics_core import Metric
+
+from hbmserve.core.config import ModelSpec
+from hbmserve.routing.replica_cap import AdmissionBudget
+from hbmserve.deployments.replica.replica_middleware import LoadCounters, ReplicaMiddleware
+from hbmserve.deployments.replica.replica_http import AsgiListener, EngineLoad
+from hbmserve.deployments.replica.sim_metrics import RequestTimer, SimEngineMetrics
+from hbmserve.deployments.replica.standby_sleep import AwakeGate
+from hbmserve.deployments.replica.sim_protocol import (BYTES_PER_TOKEN, ChatRequest, CompletionRequest, GenerationPlan,
+                                               Rejection, chat_prompt, completion_prompt, error_body, filler_text,
+                                               plan_generation, token_text, usage)
+from hbmserve.routing.prefix import DEFAULT_BLOCK_CHARS, chat_prompt_text, prompt_block_hashes
+
+log = logging.getLogger("hbmserve.deployments.replica")
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def _sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class _Reply:
+    """One request's response envelope: the same id/created/model on every chunk."""
+
+    def __init__(self, chat: bool, model: str, plan: GenerationPlan):
+        self.chat, self.model, self.plan = chat, model, plan
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def chunk(self, text: str | None, finish: str | None) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if text is None else {"content": text}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return self._envelope("chat.completion.chunk", [choice])
+        return self._envelope("text_completion", [{"index": 0, "text": text or "", "logprobs": None,
+                                                   "finish_reason": finish}])
+
+    def usage_chunk(self, n: int) -> dict:
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", []) | {
+            "usage": usage(self.plan, n)}
+
+    def whole(self, n: int) -> dict:
+        text = filler_text(n)
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": self.plan.finish_reason}
+            body = self._envelope("chat.completion", [choice])
+        else:
+            body = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
+                                                       "finish_reason": self.plan.finish_reason}])
+        return body | {"usage": usage(self.plan, n)}
+
+
+def prefix_hashes(req: CompletionRequest | ChatRequest, hash_block_tokens: int) -> tuple[int, ...]:
+    """The prompt's block hashes, in blocks of the engine's `hash_block_tokens` (estimated tokens)."""
+    block_chars = hash_block_tokens * BYTES_PER_TOKEN
+    if isinstance(req, ChatRequest):
+        return prompt_block_hashes(chat_prompt_text([m.model_dump() for m in req.messages]), block_chars)
+    prompt = req.prompt[0] if isinstance(req.prompt, list) and len(req.prompt) == 1 else req.prompt
+    return prompt_block_hashes(prompt, block_chars) if isinstance(prompt, str) else ()
+
+
+async def _timed(tokens: AsyncIterator[int], timer: RequestTimer | None) -> AsyncIterator[int]:
+    """The engine's tokens, each one timed as it leaves the engine (sim_metrics.py)."""
+    try:
+        async for i in tokens:
+            if timer is not None:
+                timer.token(time.monotonic())
+            yield i
+        if timer is not None:
+            timer.finish()
+    finally:
+        await tokens.aclose()
+
+
+def build_sim_openai_app(engine, model_name: str, max_model_len: int, metrics: SimEngineMetrics | None = None):
+    """The FastAPI app over a started-or-lazy `SimEngine`; no listener, no middleware.
+    `metrics`: where the engine's timings go (vLLM's histograms under vLLM's names)."""
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException
+
+    from hbmserve.deployments.replica.sim_engine import RequestRejected
+
+    app = FastAPI(title=f"hbmserve sim: {model_name}", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_, exc: OpenAIError):
+        return JSONResponse(error_body(exc.status, exc.message, exc.param), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(_, exc: RequestValidationError):
+        # OpenAI answers 400 for a malformed body, not FastAPI's 422.
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request", "type": ""}
+        loc = [str(p) for p in first["loc"] if p != "body"]
+        field = ".".join(loc) if loc and first.get("type") != "json_invalid" else None
+        message = f"{field}: {first['msg']}" if field else f"invalid request body: {first['msg']}"
+        return JSONResponse(error_body(400, message, field), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_, exc: HTTPException):
+        return JSONResponse(error_body(exc.status_code, str(exc.detail), None), status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200 if engine.stats().ready else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "hbmserve",
+                "root": model_name, "parent": None, "max_model_len": max_model_len}
+        return {"object": "list", "data": [card]}
+
+    async def serve(req: CompletionRequest | ChatRequest, chat: bool):
+        if req.model != model_name:
+            raise OpenAIError(404, f"The model `{req.model}` does not exist.", "model")
+        if chat:
+            key, prompt_tokens = chat_prompt(req)
+            max_tokens = req.max_completion_tokens or req.max_tokens
+        else:
+            prompt = completion_prompt(req)
+            if isinstance(prompt, Rejection):
+                raise OpenAIError(400, prompt.message, prompt.param)
+            (key, prompt_tokens), max_tokens = prompt, req.max_tokens
+        plan = plan_generation(key, prompt_tokens, max_tokens, max_model_len)
+        if isinstance(plan, Rejection):
+            raise OpenAIError(400, plan.message, plan.param)
+        reply = _Reply(chat, model_name, plan)
+        cfg = engine.core.cfg
+        hashes = prefix_hashes(req, cfg.hash_block_tokens) if cfg.enable_prefix_caching else ()
+        timer = metrics.request(time.monotonic(), plan.prompt_tokens) if metrics is not None else None
+        tokens = _timed(engine.generate(reply.id, plan.prompt_tokens, plan.output_tokens, hashes), timer)
+        # Wait for the first token before answering: errors then become 4xx/5xx, and the first
+        # body byte (the ingress middleware's TTFT sample) is the first token, as with vLLM.
+        try:
+            first = await anext(tokens)
+        except RequestRejected as err:
+            raise OpenAIError(400, str(err), "max_tokens") from None
+        except StopAsyncIteration:
+            raise OpenAIError(503, "the simulated engine is shutting down") from None
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(_stream(reply, first, tokens, include_usage), media_type="text/event-stream")
+        n = 1 + sum([1 async for _ in tokens])
+        if n < plan.output_tokens:
+            raise OpenAIError(503, "the simulated engine stopped before the reply was complete")
+        return JSONResponse(reply.whole(n))
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        return await serve(req, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatRequest):
+        return await serve(req, chat=True)
+
+    return app
+
+
+async def _stream(reply: _Reply, first: int, tokens: AsyncIterator[int], include_usage: bool) -> AsyncIterator[bytes]:
+    last = reply.plan.output_tokens - 1
+    try:
+        if reply.chat:
+            yield _sse(reply.chunk(None, None))
+        n, i = 0, first
+        while True:
+            n += 1
+            yield _sse(reply.chunk(token_text(i), reply.plan.finish_reason if i == last else None))
+            if i == last:
+                break
+            try:
+                i = await anext(tokens)
+            except StopAsyncIteration:
+                yield _sse(error_body(503, "the simulated engine stopped before the reply was complete", None))
+                break
+        if include_usage:
+            yield _sse(reply.usage_chunk(n))
+        yield b"data: [DONE]\n\n"
+    finally:
+        # A client that goes away mid-stream cancels this generator: free its engine slot now,
+        # not whenever the garbage collector finalizes the token stream.
+        await tokens.aclose()
+
+
+def sim_wake_s(model: ModelSpec, gpu) -> float:
+    """Seconds a sleeping simulated replica takes to wake: the start-up timeline's wake (its
+    weights back over `gpu`'s host link, capacity/perf/startup_timeline.py), `sim.speedup` times
+    faster like everything the simulated engine does; 0 without start-up measurements."""
+    from hbmserve.capacity.perf.startup_measured import startup_inputs_for
+    from hbmserve.capacity.perf.startup_timeline import Phase, StartKind, timeline
+
+    try:
+        inputs = startup_inputs_for(model, gpu)
+    except ValueError as err:
+        log.warning("no wake time for the simulated %s (%s): it wakes at once", model.name, err)
+        return 0.0
+    return timeline(StartKind.SLEEPING, inputs).seconds(Phase.ENGINE_LOADED) / model.sim.speedup
+
+
+class SimHttpServer:
+    """A replica's simulated engine and its HTTP server; the engine is built in `start()`.
+    An `EngineServer` (engine_server.py documents each method)."""
+
+    def __init__(self, model: ModelSpec, host: str, budget: AdmissionBudget, internal_token: str):
+        self.model = model
+        self.host = host
+        self.budget = budget
+        self.internal_token = internal_token
+        self.counters = LoadCounters()
+        self.engine = None
+        self.metrics = SimEngineMetrics(model.name, self._gauges)
+        self.url: str | None = None
+        self.listener = AsgiListener()
+        self.awake = AwakeGate()
+        self.wake_delay_s = 0.0  # set in start() for a model whose standbys sleep
+
+    async def start(self) -> str:
+        from hbmserve.capacity.perf.hardware import load_catalog
+        from hbmserve.capacity.perf.scenario import scenario_for
+        from hbmserve.deployments.replica.sim_engine import SimEngine
+
+        sc = scenario_for(self.model, load_catalog())
+        if self.model.standbys_sleep:
+            self.wake_delay_s = sim_wake_s(self.model, sc.deployment.gpu)
+        # One hash per ingress block (64 characters, about 16 tokens), so cache hits line up.
+        engine_cfg = replace(sc.engine, hash_block_tokens=DEFAULT_BLOCK_CHARS // BYTES_PER_TOKEN)
+        self.engine = SimEngine(sc.deployment, engine_cfg, speedup=self.model.sim.speedup,
+                                startup_s=self.model.sim.startup_s)
+        # The start-up delay passes before the port is bound: a replica still "loading weights"
+        # must not be announced to the front door.
+        await self.engine.wait_ready()
+        app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len, self.metrics)
+        try:
+            asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats,
+                                     self.engine_metrics, self.awake)
+            self.url = await self.listener.serve(asgi, self.host)
+        except BaseException:
+            await self.engine.shutdown()
+            raise
+        log.info("serving simulated %s (%s on %s, %gx) on %s", self.model.name, self.model.sim.model_config_name, self.model.sim.gpu, self.model.sim.speedup,
+                 self.url)
+        return self.url
+
+    async def stop(self) -> None:
+        await self.listener.stop()
+        if self.engine is not None:
+            await self.engine.shutdown()
+
+    # A simulated sleep frees nothing (there is no HBM): what it models is the wake, which takes
+    # the start-up timeline's wake for the GPU the engine pretends to be (sim_wake_s).
+    async def sleep(self) -> None:
+        pass
+
+    async def wake_up(self) -> None:
+        await asyncio.sleep(self.wake_delay_s)
+
+    def engine_stats(self) -> EngineLoad:
+        if self.engine is None:
+            return EngineLoad(waiting=0, running=0, kv_usage=0.0)
+        s = self.engine.stats()
+        return EngineLoad(waiting=s.waiting, running=s.running, kv_usage=s.kv_usage,
+                          prompt_tokens=s.prompt_tokens, prefix_hit_tokens=s.prefix_hit_tokens)
+
+    def _gauges(self) -> tuple[int, int, float, int]:
+        if self.engine is None:
+            return 0, 0, 0.0, 0
+        s = self.engine.stats()
+        return s.waiting, s.running, s.kv_usage, s.num_preemptions
+
+    def engine_metrics(self) -> list[Metric]:
+        return self.metrics.families()
+
+    def healthy(self) -> bool:
+        return self.listener.serving and self.engine is not None and self.engine.stats().ready

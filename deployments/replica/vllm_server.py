@@ -1,0 +1,120 @@
+"""vLLM's own OpenAI server, run inside a Ray Serve replica on the replica's event loop.
+
+Why not Serve's proxy: on a 2-core machine every extra hop (proxy actor, Ray RPC per streamed
+chunk) takes CPU from the engine; Ray Serve LLM measured 0.31x of bare vLLM with defaults and
+0.67x with direct streaming + HAProxy (docs/benchmarks.md). Here the replica serves HTTP itself through
+vLLM's FastAPI app on a private port, and the front door (deployments/ingress/front_door.py) relays bytes to it:
+one HTTP hop, no Ray RPC on the data path. Serve still owns the replica's life: placement,
+health checks, restarts, scaling.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from contextlib import AsyncExitStack
+
+from prometheus_client.metrics_core import Metric
+
+from hbmserve.routing.replica_cap import AdmissionBudget
+from hbmserve.deployments.replica.engine_args import EngineLaunch
+from hbmserve.deployments.wire.engine_metrics import engine_families
+from hbmserve.deployments.replica.vllm_argv import parse_launch
+from hbmserve.deployments.replica.replica_middleware import LoadCounters, ReplicaMiddleware
+from hbmserve.deployments.replica.replica_http import AsgiListener, EngineLoad
+from hbmserve.deployments.replica.standby_sleep import AwakeGate
+
+log = logging.getLogger("hbmserve.deployments.replica")
+
+
+class VLLMHttpServer:
+    """vLLM's engine and OpenAI app; an `EngineServer` (engine_server.py documents each method).
+    vLLM is imported only in `start()`: building one (or importing this module) loads nothing."""
+
+    def __init__(self, launch: EngineLaunch, budget: AdmissionBudget, internal_token: str):
+        self.launch = launch
+        self.budget = budget
+        self.internal_token = internal_token
+        self.counters = LoadCounters()
+        self.engine_client = None
+        self.url: str | None = None
+        self._stack = AsyncExitStack()
+        self.listener = AsgiListener()
+        self.awake = AwakeGate()
+
+    async def start(self) -> str:
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+        from vllm.entrypoints.launchers.app import build_app
+
+        os.environ.update(dict(self.launch.env))
+        # hbmserve's arguments plus engine_settings.vllm_args, parsed by vLLM's own parser (engine
+        # and OpenAI-frontend arguments alike: one namespace serves both, as in `vllm serve`).
+        args = parse_launch(self.launch)
+        try:
+            self.engine_client = await self._stack.enter_async_context(build_async_engine_client(args))
+            tasks = await self.engine_client.get_supported_tasks()
+            app = build_app(args, tasks, self.engine_client.model_config)
+            await init_app_state(self.engine_client, app.state, args, tasks)
+            # Listen only once the engine is loaded: the URL is announced to the front door
+            # as soon as this returns, and traffic may follow at once.
+            asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats,
+                                     self.engine_metrics, self.awake)
+            self.url = await self.listener.serve(asgi, args.host)
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        log.info("serving %s on %s", args.served_model_name, self.url)
+        return self.url
+
+    async def stop(self) -> None:
+        await self.listener.stop()
+        await self._stack.aclose()
+
+    # Sleep mode through the engine client the replica holds, in process: vLLM's /sleep and
+    # /wake_up routes exist only in its dev mode (VLLM_SERVER_DEV_MODE) and would be one more
+    # HTTP hop. The engine was started with --enable-sleep-mode (engine_args.vllm_launch).
+    async def sleep(self) -> None:
+        # vLLM's default pause mode aborts what is running; StandbySleep calls this only with
+        # nothing in flight and new requests held at the gate, so nothing is aborted.
+        await self.engine_client.sleep(level=1)
+
+    async def wake_up(self) -> None:
+        # True when every allocation is back on the device (the vLLM installed here); None is
+        # taken as awake.
+        if await self.engine_client.wake_up() is False:
+            raise RuntimeError("vLLM woke only partly: some of its memory is still offloaded")
+
+    def engine_stats(self) -> EngineLoad:
+        """The engine's own queue, KV and prefix-cache figures, read from vLLM's in-process
+        Prometheus registry."""
+        from prometheus_client import REGISTRY
+
+        return engine_load((sample.name, sample.value) for metric in REGISTRY.collect() for sample in metric.samples)
+
+    def engine_metrics(self) -> list[Metric]:
+        """vLLM's own families of engine_metrics.ENGINE_FAMILIES, from its in-process registry."""
+        from prometheus_client import REGISTRY
+
+        return engine_families(REGISTRY.collect())
+
+    def healthy(self) -> bool:
+        return self.listener.serving and not getattr(self.engine_client, "errored", False)
+
+
+# vLLM's metric (sample) names, in EngineLoad's field order; counters carry prometheus_client's
+# `_total` suffix.
+_LOAD_SAMPLES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def engine_load(samples: Iterable[tuple[str, float]]) -> EngineLoad:
+    """Sum each figure over its samples (one per engine when vLLM runs data-parallel)."""
+    got = dict.fromkeys(_LOAD_SAMPLES, 0.0)
+    for name, value in samples:
+        if name in got:
+            got[name] += value
+    waiting, running, kv, queries, hits = got.values()
+    return EngineLoad(waiting=int(waiting), running=int(running), kv_usage=kv,
+                      prompt_tokens=int(queries), prefix_hit_tokens=int(hits))

@@ -1,0 +1,84 @@
+"""Arrivals: trace readers (CSV, JSONL) and seeded synthetic generators."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hbmserve.capacity.traces.arrivals import TraceError, gamma_arrivals, read_trace
+
+AZURE = Path(__file__).resolve().parents[5] / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
+
+
+def test_csv_trace(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n5.0,10,2\n1.0,20,3\n")
+    a = read_trace(p)
+    assert list(a.t) == [0.0, 4.0]  # sorted and re-based to the first arrival
+    assert list(a.prompt) == [20, 10] and list(a.output) == [3, 2]
+    assert a.hashes is None
+
+
+def test_the_azure_dataset_s_own_csv_is_read_as_published(tmp_path):
+    p = tmp_path / "AzureLLMInferenceTrace_code.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:17:03.9799600,4808,10\n"
+                 "2023-11-16 18:17:04.0319600,3180,8\n"
+                 "2023-11-16 18:18:03.9799601,20,1\n")
+    a = read_trace(p)
+    assert a.t == pytest.approx([0.0, 0.052, 60.0000001], abs=1e-6)
+    assert list(a.prompt) == [4808, 3180, 20] and list(a.output) == [10, 8, 1]
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 nonsense,1,1\n")
+    with pytest.raises(TraceError, match="line 2"):
+        read_trace(p)
+
+
+def test_jsonl_trace_with_hash_ids_in_milliseconds(tmp_path):
+    p = tmp_path / "t.jsonl"
+    rows = [{"timestamp": 1000, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]},
+            {"timestamp": 3500, "input_length": 700, "output_length": 6, "hash_ids": [1, 3]}]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    a = read_trace(p)
+    assert list(a.t) == [0.0, 2.5]
+    assert a.hashes == ((1, 2), (1, 3))
+
+
+def test_bad_traces_name_the_problem(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("arrived_at,num_prefill_tokens\n1,2\n")
+    with pytest.raises(TraceError, match="num_decode_tokens"):
+        read_trace(p)
+    q = tmp_path / "bad.jsonl"
+    q.write_text('{"timestamp": 1, "input_length": 3, "output_length": 1}\n{"timestamp": "x"}\n')
+    with pytest.raises(TraceError, match="line 2"):
+        read_trace(q)
+    with pytest.raises(TraceError, match="not found"):
+        read_trace(tmp_path / "missing.csv")
+
+
+def test_poisson_rate_and_gamma_burstiness():
+    a = gamma_arrivals(20.0, 500.0, 1.0, seed=1)
+    assert abs(len(a) / 500.0 - 20.0) < 1.0
+    gaps = np.diff(gamma_arrivals(20.0, 500.0, cv=3.0, seed=1).t)
+    assert gaps.std() / gaps.mean() > 2.0
+    assert np.array_equal(gamma_arrivals(5, 10, 1.0, seed=3).t, gamma_arrivals(5, 10, 1.0, seed=3).t)
+
+
+def test_window_scale_clip():
+    a = gamma_arrivals(10.0, 100.0, 1.0, prompt_tokens=3000, output_tokens=900, seed=2)
+    w = a.window(10.0, 20.0)
+    assert w.t.min() >= 0 and w.t.max() < 10.0
+    assert len(a.scaled(0.5)) == len(a) and a.scaled(0.5).duration_s == pytest.approx(a.duration_s / 2)
+    c = a.clipped(2048)
+    assert (c.prompt + c.output <= 2048).all()
+
+
+@pytest.mark.skipif(not AZURE.is_file(), reason="shared Azure trace not present")
+def test_azure_trace_shape():
+    a = read_trace(AZURE)
+    assert len(a) == 19366
+    assert 3400 < a.duration_s < 3600
+    assert 1100 < a.prompt.mean() < 1200
