@@ -14,9 +14,9 @@ A body of the wrong shape is a `BodyShapeError` naming the field, answered 400 b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from hbmserve.core.routing import CHARS_PER_TOKEN
 
@@ -34,9 +34,70 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class _TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class _ImageUrl(_Body):
+    url: str
+    detail: str | None = None
+
+
+class _ImageUrlPart(_Body):
+    type: Literal["image_url"]
+    image_url: _ImageUrl
+
+
+class _InputAudio(_Body):
+    data: str
+    format: str
+
+
+class _InputAudioPart(_Body):
+    type: Literal["input_audio"]
+    input_audio: _InputAudio
+
+
+class _RefusalPart(_Body):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class _OtherPart(_Body):
+    """A part of another type (vLLM's video_url, audio_url, file, image_embeds, ...) or vLLM's
+    untyped shorthand: its fields are the engine's to judge; its type, if any, is a string."""
+
+    type: str | None = None
+
+
+_PARTS = {"text": _TextPart, "image_url": _ImageUrlPart, "input_audio": _InputAudioPart, "refusal": _RefusalPart}
+
+
+# Tags name the branch of a union in pydantic's error locations; they start with "~" so that
+# BodyShapeError's `param` can drop them and name the field alone (messages.0.content.0.text).
+def _part_kind(part: Any) -> str:
+    if isinstance(part, str):
+        return "~str"  # vLLM reads a bare string part as text
+    kind = part.get("type") if isinstance(part, dict) else None
+    return f"~{kind}" if isinstance(kind, str) and kind in _PARTS else "~other"
+
+
+ContentPart = Annotated[
+    Annotated[str, Tag("~str")] | Annotated[_TextPart, Tag("~text")] | Annotated[_ImageUrlPart, Tag("~image_url")]
+    | Annotated[_InputAudioPart, Tag("~input_audio")] | Annotated[_RefusalPart, Tag("~refusal")]
+    | Annotated[_OtherPart, Tag("~other")],
+    Discriminator(_part_kind)]
+Content = Annotated[
+    Annotated[str, Tag("~text")] | Annotated[list[ContentPart], Tag("~parts")],
+    Discriminator(lambda c: "~text" if isinstance(c, str) else "~parts")]
+
+
 class _Message(_Body):
     role: str
-    content: str | list[dict[str, Any]] | None = None
+    # Each part is checked as OpenAI's types declare it, as vLLM's request model does: a text
+    # part whose text is a number is a 400 naming messages.i.content.j.text, never a crash.
+    content: Content | None = None
 
 
 class _StreamOptions(_Body):
@@ -113,8 +174,9 @@ def read_generation(path: str, body: dict[str, Any]) -> Generation:
         completion = CompletionBody.model_validate(body)
     except ValidationError as err:
         first = err.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise BodyShapeError(f"{param}: {first['msg']}" if param else first["msg"], param) from None
+        param = ".".join(str(p) for p in first["loc"] if not str(p).startswith("~")) or None
+        msg = first["msg"].split(" or instance of ")[0]  # pydantic names the model class: not the client's business
+        raise BodyShapeError(f"{param}: {msg}" if param else msg, param) from None
     prompts = _prompts(completion.prompt)
     asked = completion.max_tokens if completion.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
     return _checked(Generation(len(prompts), len(prompts) * completion.n, max(prompts, default=0), asked,
@@ -149,7 +211,7 @@ def _prompts(prompt) -> list[int]:
     return [len(p) if isinstance(p, list) else len(p) // CHARS_PER_TOKEN for p in prompt]
 
 
-def _text(content: str | list[dict[str, Any]] | None) -> str:
+def _text(content: str | list[str | BaseModel] | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    return "".join(str(p.get("text", "")) for p in content)
+    return "".join(p if isinstance(p, str) else p.text for p in content if isinstance(p, (str, _TextPart)))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,14 +48,18 @@ class CompletionRequest(_GenerationRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
 
 
-class TextPart(_Lenient):
-    type: str
-    text: str = ""  # non-text parts (images, audio) count as no tokens
-
-
 class ChatMessage(_Lenient):
     role: str
-    content: str | list[TextPart] | None = None
+    # Parts as vLLM takes them: a bare string, or a part whose shape the front door has
+    # checked (deployments/ingress/request_body.py); only text parts count as tokens.
+    content: str | list[Any] | None = None
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    text = part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None
+    return text if isinstance(text, str) else ""
 
 
 class ChatRequest(_GenerationRequest):
@@ -103,7 +107,7 @@ def completion_prompt(req: CompletionRequest) -> tuple[str, int] | Rejection:
 def chat_prompt(req: ChatRequest) -> tuple[str, int]:
     parts = []
     for m in req.messages:
-        text = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content or ())
+        text = m.content if isinstance(m.content, str) else "".join(map(_part_text, m.content or ()))
         parts.append(f"<|{m.role}|>\n{text}\n")
     rendered = "".join(parts) + "<|assistant|>\n"
     return rendered, estimate_tokens(rendered)

@@ -10,7 +10,11 @@ nor the bytes spent getting there. `HardenedProtocol` adds, per connection:
 * a cap on the header bytes (`max_header_bytes`, 64 KiB) and on the header count
   (`max_headers`): 431 and close, before httptools buffers more of a header flood.
 * a cap on the sockets one client address holds open (`max_connections_per_client`; trusted
-  proxies apart): a new socket past it gets 429 and is closed.
+  proxies apart). A socket past it is on probation: it holds no place, must send its headers
+  within PROBATION_S, and may ask only for a probe path (`/health`, `/metrics`), once; anything
+  else gets 429 and the close. A kubelet or a load balancer probes from an address that may
+  also carry traffic (a node, a NAT): its probe is answered even while that address is full,
+  and a socket past the cap lives no longer than a refused one did (the lingering close).
 The body's own timeout and size limit are the app's business (deployments/ingress/front_door_app.py
 `read_body`), where the request is. Idle keep-alive connections are closed by uvicorn's
 `timeout_keep_alive`.
@@ -31,7 +35,8 @@ from typing import Callable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from hbmserve.deployments.wire.http import openai_error
-from hbmserve.deployments.wire.http_limits import LINGER_S, OVERLOAD_RETRY_AFTER_S, PROBE_PATHS, HttpLimits
+from hbmserve.deployments.wire.http_limits import (LINGER_S, OVERLOAD_RETRY_AFTER_S, PROBATION_S, PROBE_PATHS,
+                                                   HttpLimits)
 
 
 class HardenedProtocol(HttpToolsProtocol):
@@ -46,13 +51,13 @@ class HardenedProtocol(HttpToolsProtocol):
         self._header_bytes = self._header_count = 0
         self._refused = False
         self._silent_timer: asyncio.TimerHandle | None = None
+        self._probation = False
         self._counted_as = self.client[0] if self.client and self.limits.caps_client(self.client[0]) else None
         if self._counted_as is not None:
             if self.open_per_client[self._counted_as] >= self.limits.max_connections_per_client:
-                self._counted_as = None  # refused sockets hold no place while they linger
-                self._refuse(429, b"too many connections from this address")
-                if self.on_refused is not None:
-                    self.on_refused("too_many_connections")
+                self._counted_as = None  # a socket on probation holds no place
+                self._probation = True
+                self._header_timer = self.loop.call_later(PROBATION_S, self._over_the_cap, False)
                 return
             self.open_per_client[self._counted_as] += 1
         self._silent_timer = self.loop.call_later(self.limits.idle_connection_s, self._silent_too_long)
@@ -99,7 +104,12 @@ class HardenedProtocol(HttpToolsProtocol):
         if self._header_count > self.limits.max_headers:
             self._refuse(431, b"too many request headers")
             return
+        if self._probation and self.url.split(b"?", 1)[0].decode("latin-1") not in PROBE_PATHS:
+            self._over_the_cap(True)
+            return
         super().on_headers_complete()
+        if self._probation:
+            self.cycle.keep_alive = False  # one probe, then the close
 
     # The parser goes on through the rest of a chunk after a refusal: nothing of it reaches the app.
     def on_body(self, body: bytes) -> None:
@@ -117,6 +127,16 @@ class HardenedProtocol(HttpToolsProtocol):
             if not self.open_per_client[self._counted_as]:
                 del self.open_per_client[self._counted_as]
         super().connection_lost(exc)
+
+    def _over_the_cap(self, linger: bool) -> None:
+        """A socket past its address's cap that asked for more than a probe, or nothing in time.
+        Without a request there is nothing unread to reset the answer: no linger then."""
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        self._refuse(429, b"too many connections from this address", linger=linger)
+        if self.on_refused is not None:
+            self.on_refused("too_many_connections")
 
     def _silent_too_long(self) -> None:
         """A connection that sent nothing: closed without a reply (there is no request to answer)."""

@@ -12,8 +12,11 @@ from hbmserve.core.config import HttpSpec
 LINGER_S = 1.0
 # What a client over the in-flight cap is told to wait: requests finish in seconds.
 OVERLOAD_RETRY_AFTER_S = 1
-# Answered whatever the caps: readiness and liveness must not starve when the door is full.
-PROBE_PATHS = frozenset({"/health"})
+# Answered whatever the caps: readiness, liveness and the scrape must not starve when the door
+# is full, or when the prober's address is (a node's kubelet, a NAT that also carries traffic).
+PROBE_PATHS = frozenset({"/health", "/metrics"})
+# How long a socket past its address's cap has to send a probe's headers (a prober sends at once).
+PROBATION_S = 0.5
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ import socket
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.unit.deployments.ingress.content_parts import PARTS, well_formed
 from tests.unit.deployments.ingress.sim_door_process import free_port, sim_door
 
 ATTACKER = "127.0.0.2"
@@ -63,6 +66,28 @@ def test_silent_sockets_from_one_address_leave_the_door_ready_and_serving(door):
     assert refused == len(held) - PER_CLIENT
 
 
+def test_a_probe_from_the_attackers_address_is_answered_while_its_sockets_stay_capped(door):
+    """A kubelet probes from a node that also carries traffic: 200 idle sockets from that
+    address fill its cap, and its /health and /metrics still reach the door, as from another
+    address; a completion from the full address is refused, one from elsewhere served."""
+    port = int(door.rsplit(":", 1)[1])
+    held = [_silent(port) for _ in range(200)]
+    try:
+        same = httpx.Client(base_url=door, timeout=10, transport=httpx.HTTPTransport(local_address=ATTACKER))
+        other = httpx.Client(base_url=door, timeout=10)
+        with same, other:
+            probes = [[c.get(p).status_code for p in ("/health", "/metrics") for _ in range(5)] for c in (same, other)]
+            ask = {"model": "sim-a", "prompt": "p", "max_tokens": 4}
+            work = [c.post("/v1/completions", json=ask).status_code for c in (same, other)]
+    finally:
+        for s in held:
+            s.close()
+    # The sim door has no /metrics page (404), but the listener lets the scrape through to the
+    # app from the full address as from any other (the real door's /metrics: test_connection_caps.py).
+    assert probes == [[200] * 5 + [404] * 5] * 2
+    assert work == [429, 200]
+
+
 @pytest.mark.parametrize(("body", "param", "code"), [
     (b"[" * 400_000 + b"]" * 400_000, None, "invalid_json"),  # a RecursionError was a 500
     (b'{"model": "sim-a", "messages": [1, 2, 3]}', "messages.0", "invalid_request_body"),
@@ -84,3 +109,26 @@ def test_numbers_as_strings_are_read_as_the_engine_reads_them(door):
         "max_completion_tokens": "3", "n": "1"})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 3  # max_completion_tokens wins, as in vLLM
+
+
+def test_a_text_part_whose_text_is_a_number_is_an_openai_400(door):
+    r = httpx.post(f"{door}/v1/chat/completions", timeout=30, json={
+        "model": "sim-a", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]})
+    assert r.status_code == 400 and r.headers["content-type"].startswith("application/json"), r.text
+    error = r.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error", "invalid_request_body", "messages.0.content.0.text")
+
+
+@given(parts=st.lists(PARTS, min_size=1, max_size=3))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_every_content_part_gets_an_answer_and_every_error_is_json(door, parts):
+    """Through the door's HTTP surface: well-formed parts are served, every other is an OpenAI
+    400 naming the bad part; never a 5xx, never a body that is not JSON."""
+    r = httpx.post(f"{door}/v1/chat/completions", timeout=30, json={
+        "model": "sim-a", "messages": [{"role": "user", "content": parts}], "max_tokens": 2})
+    ok = all(well_formed(p) for p in parts)
+    assert r.status_code == (200 if ok else 400), r.text
+    if not ok:
+        bad = next(i for i, p in enumerate(parts) if not well_formed(p))
+        assert r.json()["error"]["param"].startswith(f"messages.0.content.{bad}")

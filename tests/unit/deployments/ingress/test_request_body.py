@@ -5,9 +5,12 @@ models accept and refuse, and read the same max tokens, n and prompts."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hbmserve.deployments.ingress.request_body import (COMPLETION_DEFAULT_MAX_TOKENS, BodyShapeError, Generation,
                                            read_generation)
+from tests.unit.deployments.ingress.content_parts import PARTS, well_formed
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -128,3 +131,37 @@ def test_a_wrong_shape_names_the_field(body, param):
     with pytest.raises(BodyShapeError) as err:
         read_generation(CHAT, body)
     assert err.value.param == param and str(err.value).startswith(param)
+
+
+@pytest.mark.parametrize(("part", "param"), [
+    ({"type": "text", "text": 5}, "messages.0.content.0.text"),  # was a 500 with a plain-text body
+    ({"type": "text"}, "messages.0.content.0.text"),
+    ({"type": "image_url", "image_url": {"url": 5}}, "messages.0.content.0.image_url.url"),
+    ({"type": "input_audio", "input_audio": {"data": "x", "format": 5}}, "messages.0.content.0.input_audio.format"),
+    ({"type": "refusal", "refusal": [1]}, "messages.0.content.0.refusal"),
+    ({"type": 5}, "messages.0.content.0.type"),
+    ({"type": {"a": 1}}, "messages.0.content.0.type"),
+    (7, "messages.0.content.0"),
+])
+def test_a_wrong_content_part_names_its_field(part, param):
+    with pytest.raises(BodyShapeError) as err:
+        read_generation(CHAT, {"messages": [{"role": "user", "content": ["ok", part]}]})
+    assert err.value.param == param.replace("content.0", "content.1")
+    assert "instance of" not in str(err.value)  # no class names of ours
+
+
+@given(parts=st.lists(PARTS, min_size=1, max_size=3))
+@settings(max_examples=300, deadline=None)
+def test_every_content_part_is_read_or_refused_by_name(parts):
+    """Accepted exactly when every part is well formed (derived from OpenAI's types); otherwise a
+    BodyShapeError naming the first bad part; never another exception."""
+    body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 4}
+    if all(well_formed(p) for p in parts):
+        text = "".join(p if isinstance(p, str) else p["text"] for p in parts
+                       if isinstance(p, str) or p.get("type") == "text")
+        assert read_generation(CHAT, body).prompt_tokens == (len("user") + len(text)) // 4
+    else:
+        with pytest.raises(BodyShapeError) as err:
+            read_generation(CHAT, body)
+        bad = next(i for i, p in enumerate(parts) if not well_formed(p))
+        assert err.value.param.startswith(f"messages.0.content.{bad}")

@@ -164,3 +164,50 @@ def test_the_config_carries_the_caps_and_names_the_field_that_went():
     assert not limits.caps_client("10.1.2.3") and limits.caps_client("11.0.0.1")
     with pytest.raises(ValueError, match="max_connections is gone.*max_in_flight"):
         HttpSpec(max_connections=64)
+
+
+def test_a_probe_from_a_full_address_is_answered_and_nothing_else_is():
+    """A kubelet or a load balancer probes from an address that also carries traffic: with that
+    address at its cap, its /health and /metrics get 200 (one each, then the close), any other
+    request from it gets 429, a silent socket past the cap is refused within PROBATION_S, and
+    the address still holds no more than its cap. From another address all is served."""
+    from hbmserve.deployments.wire.http_limits import PROBATION_S
+
+    async def ask(url: str, request: bytes) -> tuple[bytes, bool]:
+        reader, writer = await silent_socket(url)
+        writer.write(request)
+        answer = await asyncio.wait_for(reader.read(4096), timeout=5)
+        closed = await asyncio.wait_for(reader.read(1), timeout=5) == b""  # EOF: the door closed it
+        writer.close()
+        return answer, closed
+
+    async def scenario():
+        server, url = await serving(Gate(), HttpLimits(max_connections_per_client=8, idle_connection_s=30), refused)
+        try:
+            held = [await silent_socket(url) for _ in range(8)]
+            health = await ask(url, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            metrics = await ask(url, b"GET /metrics?x=1 HTTP/1.1\r\nhost: x\r\n\r\n")
+            work = await ask(url, b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            silent = await silent_socket(url)
+            late = await first_answer(silent)
+            waited = loop.time() - t0
+            open_now = server.connections
+            async with httpx.AsyncClient(base_url=url, timeout=5) as client:  # from 127.0.0.1
+                other = [(await client.get(p)).status_code for p in ("/health", "/metrics", "/v1/models")]
+            for _, w in [*held, silent]:
+                w.close()
+            return health, metrics, work, late, waited, open_now, other
+        finally:
+            await server.stop()
+
+    refused: list[str] = []
+    health, metrics, work, late, waited, open_now, other = run(scenario())
+    assert health[0].startswith(b"HTTP/1.1 200 ") and health[1]
+    assert metrics[0].startswith(b"HTTP/1.1 200 ") and metrics[1]
+    assert work[0].startswith(b"HTTP/1.1 429 ") and b"too many connections" in work[0]
+    assert late.startswith(b"HTTP/1.1 429 ") and PROBATION_S * 0.8 <= waited < PROBATION_S + 1
+    assert open_now <= 8 + 1  # the cap's worth, and the silent one on probation
+    assert other == [200, 200, 200]
+    assert refused == ["too_many_connections"] * 2
