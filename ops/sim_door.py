@@ -34,13 +34,17 @@ from hbmserve.deployments.replica.sim_server import SimHttpServer
 class SimDoor:
     """`async with SimDoor(spec) as door:` serves on `door.url` until the block ends."""
 
-    def __init__(self, spec: ClusterSpec, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, spec: ClusterSpec, host: str = "127.0.0.1", port: int = 0,
+                 endpoints: list[ReplicaEndpoint] | None = None, token: str | None = None):
+        """`endpoints`: replicas already serving elsewhere (with `token`, their internal token)
+        instead of the ones this door would start (ops/bench/door_cpu.py runs them apart)."""
         models = [m for m in spec.models if m.engine is EngineKind.SIM]
         if not models:
             raise ValueError("the config has no `engine: sim` model to serve")
         self.spec = spec.model_copy(update={"models": models})
         self.host, self.port = host, port
-        self.token = secrets.token_hex(16)
+        self.token = token or secrets.token_hex(16)
+        self.external = endpoints
         self.url = ""
 
     async def __aenter__(self) -> SimDoor:
@@ -51,8 +55,8 @@ class SimDoor:
         keys = KeyFiles(auth) if auth is not None else None
         guard = AccessGuard(keys.ring() if keys else None)
         self.replicas: list[SimHttpServer] = []
-        endpoints = []
-        for m in self.spec.models:
+        endpoints = list(self.external or [])
+        for m in self.spec.models if self.external is None else []:
             for i in range(m.replicas):
                 server = SimHttpServer(m, self.host, replica_budget(m), self.token)
                 self.replicas.append(server)

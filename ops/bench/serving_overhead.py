@@ -8,10 +8,16 @@ server at a time (2 cores):
 * `bare+ray`: the same bare server beside an idle Ray head started as `hbmserve up` starts one
   (nothing deployed): what Ray's daemons cost the engine on a small node;
 * `hbmserve`: `hbmserve up` (Ray head, Serve, the front door, one replica).
-Rounds are interleaved (every side once per round), each run after a warm-up; medians over
-rounds and ratios against `bare` and `bare+ray`.
+Rounds are interleaved (every side once per round, each concurrency on one start of each
+side), each run after a warm-up. Every round is printed and kept, with the mean, median and
+spread of the per-round ratios against `bare` (and `bare+ray`): a median alone can hide a
+steady loss. Each run also records the CPU seconds per 1,000 output tokens of the front door,
+the replica (bare: vLLM's API server), the engine core, Ray's daemons and the client, from
+/proc (ops/bench/cpu_split.py).
 
-    python -m hbmserve.ops.bench.serving_overhead --rounds 5 --prompts 400 --out out/serving_overhead.json
+    python -m hbmserve.ops.bench.serving_overhead --rounds 5 --prompts 400 --concurrency 1 16 64 \
+        --out out/serving_overhead.json
+    python -m hbmserve.ops.bench.serving_overhead --rounds 5 --prompts 400 --output-len 512 ...
 """
 
 from __future__ import annotations
@@ -25,11 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from hbmserve.core.config import load_cluster_spec
+from hbmserve.ops.bench.cpu_split import CpuMeter
 from hbmserve.deployments.replica.engine_args import vllm_launch
 from hbmserve.deployments.replica.vllm_argv import launch_argv, serve_parser
 
@@ -55,7 +63,8 @@ def wait_ready(url: str, timeout_s: float, proc: subprocess.Popen | None = None)
     raise TimeoutError(f"{url} not ready after {timeout_s} s")
 
 
-def run_vllm_bench(url: str, model: str, tokenizer: str, concurrency: int, prompts: int) -> dict:
+def run_vllm_bench(url: str, model: str, tokenizer: str, concurrency: int, prompts: int,
+                   output_len: int = 32) -> dict:
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -64,12 +73,12 @@ def run_vllm_bench(url: str, model: str, tokenizer: str, concurrency: int, promp
     args = parser.parse_args([
         "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
         "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
-        "--random-input-len", "64", "--random-output-len", "32", "--ignore-eos",
+        "--random-input-len", "64", "--random-output-len", str(output_len), "--ignore-eos",
         "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
         "--disable-tqdm", "--seed", "0", "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,95",
     ])
     result = main(args)
-    return {k: float(result[k]) for k in (*METRICS, *P95_METRICS)}
+    return {**{k: float(result[k]) for k in (*METRICS, *P95_METRICS)}, "output_tokens": int(result["total_output_tokens"])}
 
 
 @contextlib.contextmanager
@@ -141,29 +150,42 @@ def idle_ray_head(dashboard_port: int):
         stop_local_head()
 
 
-def measure(url: str, model, concurrency: int, prompts: int) -> dict:
-    run_vllm_bench(url, model.name, model.source, concurrency, WARMUP_PROMPTS)  # warm-up, discarded
-    return run_vllm_bench(url, model.name, model.source, concurrency, prompts)
+@dataclass(frozen=True)
+class Load:
+    concurrencies: tuple[int, ...]
+    prompts: int
+    output_len: int
 
 
-def bench_round(config: str | None, spec, concurrency: int, prompts: int, bare_env: dict[str, str],
+def measure(url: str, model, load: Load) -> dict[int, dict]:
+    """Per concurrency: vLLM's serving metrics after a warm-up, and the CPU split of the run."""
+    out = {}
+    for c in load.concurrencies:
+        run_vllm_bench(url, model.name, model.source, c, WARMUP_PROMPTS, load.output_len)  # warm-up, discarded
+        with CpuMeter() as meter:
+            got = run_vllm_bench(url, model.name, model.source, c, load.prompts, load.output_len)
+        out[c] = {**got, "cpu_s_per_1k_tokens": meter.split.per_1k(got["output_tokens"])}
+    return out
+
+
+def bench_round(config: str | None, spec, load: Load, bare_env: dict[str, str],
                 sides: tuple[str, ...], no_delay: bool) -> dict:
     model = spec.models[0]
     out = {}
     with bare_vllm(model, bare_env) as url:
-        out["bare"] = measure(url, model, concurrency, prompts)
+        out["bare"] = measure(url, model, load)
         if "haproxy" in sides:
             with haproxy_in_front(BARE_PORT, no_delay) as proxied:
-                out["haproxy"] = measure(proxied, model, concurrency, prompts)
+                out["haproxy"] = measure(proxied, model, load)
         if "bare+ray" in sides:
             with idle_ray_head(spec.serve.dashboard_port):
-                out["bare+ray"] = measure(url, model, concurrency, prompts)
+                out["bare+ray"] = measure(url, model, load)
     if "hbmserve" in sides:
-        out["hbmserve"], out["hbmserve_up_s"] = bench_hbmserve(config, spec, concurrency, prompts)
+        out["hbmserve"], out["hbmserve_up_s"] = bench_hbmserve(config, spec, load)
     return out
 
 
-def bench_hbmserve(config: str | None, spec, concurrency: int, prompts: int) -> tuple[dict, float]:
+def bench_hbmserve(config: str | None, spec, load: Load) -> tuple[dict, float]:
     hb = [sys.executable, "-m", "hbmserve"]
     t0 = time.monotonic()
     try:
@@ -172,26 +194,54 @@ def bench_hbmserve(config: str | None, spec, concurrency: int, prompts: int) -> 
         startup = time.monotonic() - t0
         url = f"http://127.0.0.1:{spec.serve.http.port}"
         wait_ready(url, 60)
-        return measure(url, spec.models[0], concurrency, prompts), startup
+        return measure(url, spec.models[0], load), startup
     finally:
         subprocess.run([*hb, "down"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def summarize(rounds: list[dict], sides: tuple[str, ...]) -> dict:
+RATIOS = {"throughput": "output_throughput", "ttft_p50": "median_ttft_ms", "tpot_p50": "median_tpot_ms"}
+
+
+def ratios(rounds: list[dict], side: str, base: str, c: int) -> dict[str, list[float]]:
+    """Per round, `side` over `base` at concurrency `c`, for each ratio the issue targets."""
+    return {name: [rd[side][c][k] / rd[base][c][k] for rd in rounds] for name, k in RATIOS.items()}
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs),
+            "rounds": [round(x, 3) for x in xs]}
+
+
+def summarize(rounds: list[dict], sides: tuple[str, ...], concurrencies: tuple[int, ...]) -> dict:
     row: dict = {}
-    for side in sides:
-        for k in (*METRICS, *P95_METRICS):
-            row[f"{side}_{k}"] = statistics.median(rd[side][k] for rd in rounds)
-    for base in [b for b in ("bare", "bare+ray") if b in sides]:
+    for c in concurrencies:
         for side in sides:
-            if side == base:
-                continue
-            key = f"{side}/{base}"
-            row[f"throughput_ratio {key}"] = statistics.median(
-                rd[side]["output_throughput"] / rd[base]["output_throughput"] for rd in rounds)
-            row[f"ttft_p50_ratio {key}"] = statistics.median(
-                rd[side]["median_ttft_ms"] / rd[base]["median_ttft_ms"] for rd in rounds)
+            for k in (*METRICS, *P95_METRICS):
+                row[f"c{c} {side}_{k}"] = statistics.median(rd[side][c][k] for rd in rounds)
+            for g in rounds[0][side][c]["cpu_s_per_1k_tokens"]:
+                row[f"c{c} {side} cpu_s_per_1k {g}"] = statistics.median(
+                    rd[side][c]["cpu_s_per_1k_tokens"][g] for rd in rounds)
+        for base in [b for b in ("bare", "bare+ray") if b in sides]:
+            for side in sides:
+                if side != base:
+                    for name, xs in ratios(rounds, side, base, c).items():
+                        row[f"c{c} {name}_ratio {side}/{base}"] = spread(xs)
     return row
+
+
+def print_table(row: dict, sides: tuple[str, ...], concurrencies: tuple[int, ...]) -> None:
+    print("| c | side | output tok/s | TTFT p50 ms | TPOT p50 ms | vs bare: throughput, TTFT p50, TPOT p50 "
+          "(median; min-max of rounds) | CPU s per 1k tokens: door / replica / engine / ray |")
+    print("|---|---|---|---|---|---|---|")
+    for c in concurrencies:
+        for side in sides:
+            vs = "-"
+            if side != "bare":
+                vs = "; ".join(f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})" for r in
+                               (row[f"c{c} {n}_ratio {side}/bare"] for n in RATIOS))
+            cpu = " / ".join(f"{row[f'c{c} {side} cpu_s_per_1k {g}']:.3f}" for g in ("door", "replica", "engine", "ray"))
+            print(f"| {c} | {side} | {row[f'c{c} {side}_output_throughput']:.0f} | "
+                  f"{row[f'c{c} {side}_median_ttft_ms']:.1f} | {row[f'c{c} {side}_median_tpot_ms']:.1f} | {vs} | {cpu} |")
 
 
 def main() -> None:
@@ -199,7 +249,8 @@ def main() -> None:
     p.add_argument("--config", default=None, help="cluster YAML (default: the embedded tiny model)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prompts", type=int, default=400)
-    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[16])
+    p.add_argument("--output-len", type=int, default=32, help="output tokens per request (512: the per-chunk cost)")
     p.add_argument("--out", default="out/serving_overhead.json")
     p.add_argument("--bare-env", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra environment for the bare server, e.g. OMP_NUM_THREADS=1")
@@ -207,31 +258,24 @@ def main() -> None:
     p.add_argument("--haproxy-no-delay", action="store_true", help="HAProxy with `option http-no-delay`")
     a = p.parse_args()
     sides = tuple(s for s in SIDES if s in {"bare", *a.sides})
+    load = Load(tuple(a.concurrency), a.prompts, a.output_len)
     bare_env = dict(kv.split("=", 1) for kv in a.bare_env)
     spec = load_cluster_spec(a.config)
     rounds = []
+    meta = {"bare_env": bare_env, "sides": sides, "haproxy_no_delay": a.haproxy_no_delay,
+            "concurrency": load.concurrencies, "prompts": a.prompts, "output_len": a.output_len}
     for r in range(a.rounds):
-        rounds.append(bench_round(a.config, spec, a.concurrency, a.prompts, bare_env, sides, a.haproxy_no_delay))
+        rounds.append(bench_round(a.config, spec, load, bare_env, sides, a.haproxy_no_delay))
         done = rounds[-1]
-        print(f"round {r + 1}/{a.rounds}: " + ", ".join(
-            f"{s} {done[s]['output_throughput']:.0f} tok/s {done[s]['median_ttft_ms']:.0f} ms" for s in sides),
-            file=sys.stderr, flush=True)
+        for c in load.concurrencies:
+            print(f"round {r + 1}/{a.rounds} c={c}: " + ", ".join(
+                f"{s} {done[s][c]['output_throughput']:.0f} tok/s TTFT {done[s][c]['median_ttft_ms']:.0f} ms "
+                f"TPOT {done[s][c]['median_tpot_ms']:.1f} ms" for s in sides), file=sys.stderr, flush=True)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps({"rounds": rounds, "bare_env": bare_env}, indent=2))
-    row = summarize(rounds, sides)
-    Path(a.out).write_text(json.dumps({"rounds": rounds, "median": row, "bare_env": bare_env, "sides": sides,
-                                       "haproxy_no_delay": a.haproxy_no_delay,
-                                       "concurrency": a.concurrency, "prompts": a.prompts}, indent=2))
-    print(f"| side | output tok/s | TTFT p50 ms | TPOT p50 ms | vs bare (tput, TTFT) | vs bare+ray (tput, TTFT) |")
-    print("|---|---|---|---|---|---|")
-    for side in sides:
-        vs = []
-        for base in ("bare", "bare+ray"):
-            key = f"{side}/{base}"
-            vs.append("-" if side == base or f"throughput_ratio {key}" not in row else
-                      f"{row[f'throughput_ratio {key}']:.2f}x, {row[f'ttft_p50_ratio {key}']:.2f}x")
-        print(f"| {side} | {row[side + '_output_throughput']:.0f} | {row[side + '_median_ttft_ms']:.1f} | "
-              f"{row[side + '_median_tpot_ms']:.1f} | {vs[0]} | {vs[1]} |")
+        Path(a.out).write_text(json.dumps({"rounds": rounds, **meta}, indent=2))
+    row = summarize(rounds, sides, load.concurrencies)
+    Path(a.out).write_text(json.dumps({"rounds": rounds, "summary": row, **meta}, indent=2))
+    print_table(row, sides, load.concurrencies)
 
 
 if __name__ == "__main__":

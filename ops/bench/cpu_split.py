@@ -1,0 +1,70 @@
+"""Where the CPU goes while a benchmark runs: every process on the machine, grouped by what it is
+(the front door, the engine replica, vLLM's engine core, Ray's daemons, the load client), its
+user + system seconds read from /proc (psutil) at the start and the end of a measured run.
+
+A process that ends inside the run is not counted and one that starts inside it counts whole;
+the runs measured here start and end none. Per 1,000 output tokens, the split says what each part of
+the data path costs a token (issue 22: the door's share against the engine's).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import psutil
+
+GROUPS = ("door", "replica", "engine", "ray", "client", "other")
+
+
+def group_of(cmdline: str, pid: int, client_pid: int) -> str:
+    if pid == client_pid:
+        return "client"
+    if "EngineCore" in cmdline:  # vLLM's engine core process names itself VLLM::EngineCore
+        return "engine"
+    if "FrontDoor" in cmdline or "frontdoor" in cmdline:
+        return "door"
+    if "ServeReplica" in cmdline or "vllm.entrypoints.openai.api_server" in cmdline:
+        return "replica"  # the process that answers HTTP for the engine: hbmserve's replica or bare vLLM's server
+    if any(k in cmdline for k in ("raylet", "gcs_server", "dashboard", "log_monitor", "ray::", "default_worker",
+                                  "runtime_env", "monitor.py", "ray/_private")):
+        return "ray"
+    return "other"
+
+
+def _times() -> dict[int, tuple[str, float]]:
+    me = os.getpid()
+    out = {}
+    for p in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
+        try:
+            t = p.info["cpu_times"]
+            if t is None:
+                continue
+            out[p.info["pid"]] = (group_of(" ".join(p.info["cmdline"] or []), p.info["pid"], me), t.user + t.system)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    seconds: dict[str, float]  # group -> CPU seconds over the run
+
+    def per_1k(self, tokens: int) -> dict[str, float]:
+        """CPU-seconds per 1,000 output tokens, per group."""
+        return {g: round(1000 * s / max(tokens, 1), 4) for g, s in self.seconds.items()}
+
+
+class CpuMeter:
+    """`with CpuMeter() as m: ...` then `m.split`."""
+
+    def __enter__(self) -> CpuMeter:
+        self._start = _times()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = _times()
+        seconds = dict.fromkeys(GROUPS, 0.0)
+        for pid, (group, t) in end.items():
+            seconds[group] += t - self._start.get(pid, (group, 0.0))[1]
+        self.split = CpuSplit({g: round(s, 3) for g, s in seconds.items()})

@@ -1,0 +1,156 @@
+"""What the front door costs per streamed token, in CPU, without vLLM or Ray: the development
+loop for the data path (issue 22), seconds a round instead of minutes.
+
+Three processes on loopback: a simulated replica (deployments/replica/sim_server.py, its engine
+paced by `speedup`), the front door's app and listener in front of it (ops/sim_door.py, the
+same FrontDoorApp, relay and HardenedServer the Serve deployment runs), and a client streaming
+`--concurrency` completions of `--tokens` tokens each. Sides, interleaved per round:
+* `direct`: the client streams from the replica's private port;
+* `door`: the same through the front door.
+Per side and round: tokens/s, and CPU-ms per 1,000 streamed tokens of the door and the replica
+process, read from /proc (utime + stime) over the run. The door's figure is what a token costs
+the data path; the replica's is the upper bound of what the door could save by being absent.
+
+    python -m hbmserve.ops.bench.door_cpu --rounds 3 --concurrency 16 --tokens 256 --requests 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
+
+MODEL = {"name": "sim", "source": "simulated", "engine": "sim", "replicas": 1,
+         "sim": {"gpu": "h100-sxm", "model_config_name": "llama-3.1-8b", "speedup": 4.0},
+         "engine_settings": {"max_model_len": 4096, "max_num_seqs": 64}}
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _child(role: str, arg: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "hbmserve.ops.bench.door_cpu", "--serve", role, arg],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip()
+    if not line.startswith("http://"):
+        proc.kill()
+        raise RuntimeError(f"{role} did not start: {line!r}")
+    proc.url = line  # type: ignore[attr-defined]
+    return proc
+
+
+async def _serve_replica(token: str) -> None:
+    from hbmserve.core.config import ModelSpec
+    from hbmserve.deployments.replica.engine_replica import replica_budget
+    from hbmserve.deployments.replica.sim_server import SimHttpServer
+
+    model = ModelSpec.model_validate(MODEL)
+    server = SimHttpServer(model, "127.0.0.1", replica_budget(model), token)
+    print(await server.start(), flush=True)
+    await asyncio.Event().wait()
+
+
+async def _serve_door(arg: str) -> None:
+    from hbmserve.core.config import ClusterSpec
+    from hbmserve.core.records import ReplicaEndpoint
+    from hbmserve.deployments.wire.names import engine_deployment_name
+    from hbmserve.ops.sim_door import SimDoor
+
+    token, url = arg.split("@", 1)
+    spec = ClusterSpec.model_validate({"name": "door-cpu", "models": [MODEL]})
+    m = spec.models[0]
+    ep = ReplicaEndpoint(app=m.name, deployment=engine_deployment_name(m), replica="r0", model=m.name, url=url,
+                         node_id="local", at=0.0)
+    async with SimDoor(spec, endpoints=[ep], token=token) as door:
+        print(door.url, flush=True)
+        await asyncio.Event().wait()
+
+
+async def _stream_all(url: str, token: str, concurrency: int, requests: int, tokens: int) -> int:
+    import aiohttp
+
+    body = {"model": "sim", "prompt": "x" * 256, "max_tokens": tokens, "stream": True}
+    headers = {INTERNAL_TOKEN_HEADER.decode(): token}  # the door drops it; the replica needs it
+    left = requests
+    got = 0
+
+    async def worker(session) -> None:
+        nonlocal left, got
+        while left > 0:
+            left -= 1
+            async with session.post(f"{url}/v1/completions", json=body, headers=headers) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"{r.status}: {await r.text()}")
+                async for line in r.content:
+                    got += line.startswith(b"data: {")
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return got
+
+
+def one_run(side: str, replica, door, token: str, args) -> dict:
+    url = replica.url if side == "direct" else door.url
+    pids = {"door": door.pid, "replica": replica.pid}
+    before = {k: cpu_s(p) for k, p in pids.items()}
+    t0 = time.perf_counter()
+    got = asyncio.run(_stream_all(url, token, args.concurrency, args.requests, args.tokens))
+    wall = time.perf_counter() - t0
+    used = {k: cpu_s(p) - before[k] for k, p in pids.items()}
+    return {"side": side, "tokens": got, "wall_s": round(wall, 2), "tok_s": round(got / wall, 1),
+            **{f"{k}_cpu_ms_per_1k": round(1e6 * v / max(got, 1), 1) for k, v in used.items()}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)  # a child: replica TOKEN | door TOKEN@URL
+    args = ap.parse_args(argv)
+    if args.serve:
+        role, arg = args.serve
+        if os.environ.get("HBMSERVE_BENCH_LOOP") == "uvloop" and role == "door":
+            import uvloop
+
+            uvloop.run(_serve_door(arg))
+        else:
+            asyncio.run(_serve_replica(arg) if role == "replica" else _serve_door(arg))
+        return
+    token = os.urandom(8).hex()
+    replica = _child("replica", token)
+    door = _child("door", f"{token}@{replica.url}")
+    rows = []
+    try:
+        asyncio.run(_stream_all(door.url, token, args.concurrency, args.concurrency, 16))  # warm-up
+        for r in range(args.rounds):
+            for side in ("direct", "door"):
+                rows.append({"round": r, **one_run(side, replica, door, token, args)})
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for p in (door, replica):
+            p.kill()
+            p.wait()
+    for side in ("direct", "door"):
+        mine = [x for x in rows if x["side"] == side]
+        print(f"{side}: tok/s median {statistics.median(x['tok_s'] for x in mine):,.0f}; door CPU-ms/1k tokens "
+              f"{[x['door_cpu_ms_per_1k'] for x in mine]}; replica {[x['replica_cpu_ms_per_1k'] for x in mine]}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "rounds": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The data-path benchmark's arithmetic (ops/bench/serving_overhead.py) and its CPU split
+(ops/bench/cpu_split.py): every round is kept with its spread, and CPU is charged to the group
+of the process that burnt it, measured on a real busy process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from hbmserve.ops.bench.cpu_split import CpuMeter, CpuSplit, group_of
+from hbmserve.ops.bench.serving_overhead import ratios, spread, summarize
+
+
+def _side(tps: float, ttft: float, tpot: float, door: float = 0.0) -> dict:
+    return {16: {"output_throughput": tps, "median_ttft_ms": ttft, "median_tpot_ms": tpot, "p95_ttft_ms": ttft,
+                 "p95_tpot_ms": tpot, "output_tokens": 1000, "cpu_s_per_1k_tokens": {"door": door, "engine": 1.0}}}
+
+
+def test_a_steady_loss_shows_in_every_round_not_only_the_median():
+    rounds = [{"bare": _side(1000, 10, 5), "hbmserve": _side(tps, 12, 6, door=0.2)} for tps in (900, 500, 950)]
+    r = ratios(rounds, "hbmserve", "bare", 16)
+    assert r["throughput"] == [0.9, 0.5, 0.95] and r["ttft_p50"] == [1.2] * 3 and r["tpot_p50"] == [1.2] * 3
+    s = summarize(rounds, ("bare", "hbmserve"), (16,))
+    t = s["c16 throughput_ratio hbmserve/bare"]
+    assert (t["median"], t["min"], t["max"]) == (0.9, 0.5, 0.95) and abs(t["mean"] - 2.35 / 3) < 1e-9
+    assert s["c16 hbmserve cpu_s_per_1k door"] == 0.2 and s["c16 hbmserve_output_throughput"] == 900
+    assert spread([2.0])["rounds"] == [2.0]
+
+
+def test_processes_are_grouped_by_what_they_are():
+    assert group_of("ray::ServeReplica:hbmserve-frontdoor:FrontDoor", 5, 1) == "door"
+    assert group_of("ray::ServeReplica:tiny:tiny-engine", 5, 1) == "replica"
+    assert group_of("python -m vllm.entrypoints.openai.api_server --port 8100", 5, 1) == "replica"
+    assert group_of("VLLM::EngineCore", 5, 1) == "engine"
+    assert group_of("/x/raylet --raylet_socket_name=...", 5, 1) == "ray"
+    assert group_of("anything", 1, 1) == "client"
+    assert group_of("sshd", 5, 1) == "other"
+
+
+def test_the_meter_charges_a_busy_process_to_its_group():
+    with CpuMeter() as m:
+        subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"],
+                       check=True)
+    # The child ended inside the run: not counted; this process spent little.
+    assert m.split.seconds["client"] < 0.3
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        with CpuMeter() as m:
+            subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5)"], check=True)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert m.split.seconds["other"] >= 0.2  # the busy loop, alive across the run
+    assert CpuSplit({"door": 0.5}).per_1k(2000) == {"door": 0.25}
+
+
+def test_the_door_cpu_loop_streams_every_token_on_both_sides(tmp_path):
+    """ops/bench/door_cpu.py end to end on a small load: three real processes on loopback."""
+    import json
+
+    out = tmp_path / "door_cpu.json"
+    subprocess.run([sys.executable, "-m", "hbmserve.ops.bench.door_cpu", "--rounds", "1", "--concurrency", "4",
+                    "--tokens", "16", "--requests", "8", "--out", str(out)], check=True, timeout=120,
+                   capture_output=True)
+    rows = json.loads(out.read_text())["rounds"]
+    assert [r["side"] for r in rows] == ["direct", "door"]
+    assert all(r["tokens"] == 8 * 16 for r in rows)
+    door = rows[1]
+    assert door["door_cpu_ms_per_1k"] > 0 and rows[0]["door_cpu_ms_per_1k"] < door["door_cpu_ms_per_1k"]
