@@ -20,14 +20,14 @@ GROUPS = ("door", "replica", "engine", "ray", "client", "other")
 def group_of(cmdline: str, pid: int, client_pid: int) -> str:
     if pid == client_pid:
         return "client"
-    if "EngineCore" in cmdline:  # vLLM's engine core process names itself VLLM::EngineCore
+    if "VLLM::" in cmdline:  # vLLM's engine core and its CPU worker name themselves VLLM::EngineCore, VLLM::Worker
         return "engine"
     if "FrontDoor" in cmdline or "frontdoor" in cmdline:
         return "door"
     if "ServeReplica" in cmdline or "vllm.entrypoints.openai.api_server" in cmdline:
         return "replica"  # the process that answers HTTP for the engine: hbmserve's replica or bare vLLM's server
     if any(k in cmdline for k in ("raylet", "gcs_server", "dashboard", "log_monitor", "ray::", "default_worker",
-                                  "runtime_env", "monitor.py", "ray/_private")):
+                                  "runtime_env", "monitor.py", "/ray/", "ray.util")):
         return "ray"
     return "other"
 

@@ -31,7 +31,7 @@ def test_processes_are_grouped_by_what_they_are():
     assert group_of("ray::ServeReplica:hbmserve-frontdoor:FrontDoor", 5, 1) == "door"
     assert group_of("ray::ServeReplica:tiny:tiny-engine", 5, 1) == "replica"
     assert group_of("python -m vllm.entrypoints.openai.api_server --port 8100", 5, 1) == "replica"
-    assert group_of("VLLM::EngineCore", 5, 1) == "engine"
+    assert group_of("VLLM::EngineCore", 5, 1) == group_of("VLLM::Worker", 5, 1) == "engine"
     assert group_of("/x/raylet --raylet_socket_name=...", 5, 1) == "ray"
     assert group_of("anything", 1, 1) == "client"
     assert group_of("sshd", 5, 1) == "other"
