@@ -11,6 +11,13 @@ from pathlib import Path
 from hbmserve.cluster import ray_auth
 
 LOCAL_GCS_PORT = 6379
+# Ray starts its workers, and so every Serve replica (the front door, the engine replica, vLLM's
+# engine core and CPU worker), at nice 15, below Ray's own daemons and anything else on the node.
+# On a serving node the data path is the work: at c=16 on 2 cores, in 5 interleaved rounds,
+# nice 0 served more in 4 of 5 (median 2,045 vs 1,787 tok/s, TPOT p50 6.2 vs 6.9 ms;
+# docs/benchmarks.md). A value the user set is kept. The Helm chart sets the same on every Ray
+# container (`hbmserve.rayEnv`).
+SERVING_ENV = {"RAY_worker_niceness": "0"}
 
 
 class ClusterError(RuntimeError):
@@ -40,7 +47,7 @@ def start_local_head(dashboard_port: int, host: str = "127.0.0.1") -> str:
     single_machine = ray_auth.LOOPBACK_ENV if is_loopback(host) else {}  # ray_auth.py says why
     # Job drivers (`ray job submit -- hbmserve deploy ...`) inherit the head's PATH: put this
     # environment's scripts first so they find `hbmserve` without an activated venv.
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    env = {**SERVING_ENV, **os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            **ray_auth.head_env(), **single_machine}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:

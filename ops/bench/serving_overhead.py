@@ -7,7 +7,10 @@ server at a time (2 cores):
   leastconn): the compiled data plane a Python control plane could drive;
 * `bare+ray`: the same bare server beside an idle Ray head started as `hbmserve up` starts one
   (nothing deployed): what Ray's daemons cost the engine on a small node;
-* `hbmserve`: `hbmserve up` (Ray head, Serve, the front door, one replica).
+* `hbmserve`: `hbmserve up` (Ray head, Serve, the front door, one replica);
+* `hbmserve-nice15`: the same with `RAY_worker_niceness=15`, Ray's default, which `hbmserve up`
+  overrides (cluster/local_head.py SERVING_ENV): every Serve replica (the door, the engine
+  replica, vLLM's engine core) below the client and Ray's daemons, which run at 0 as bare vLLM does.
 Rounds are interleaved (every side once per round, each concurrency on one start of each
 side), each run after a warm-up. Every round is printed and kept, with the mean, median and
 spread of the per-round ratios against `bare` (and `bare+ray`): a median alone can hide a
@@ -45,7 +48,7 @@ METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 P95_METRICS = ("p95_ttft_ms", "p95_tpot_ms")
 BARE_PORT = 8100
 HAPROXY_PORT = 8101
-SIDES = ("bare", "haproxy", "bare+ray", "hbmserve")
+SIDES = ("bare", "haproxy", "bare+ray", "hbmserve", "hbmserve-nice15")
 WARMUP_PROMPTS = 48
 
 
@@ -182,15 +185,17 @@ def bench_round(config: str | None, spec, load: Load, bare_env: dict[str, str],
                 out["bare+ray"] = measure(url, model, load)
     if "hbmserve" in sides:
         out["hbmserve"], out["hbmserve_up_s"] = bench_hbmserve(config, spec, load)
+    if "hbmserve-nice15" in sides:
+        out["hbmserve-nice15"], _ = bench_hbmserve(config, spec, load, {"RAY_worker_niceness": "15"})
     return out
 
 
-def bench_hbmserve(config: str | None, spec, load: Load) -> tuple[dict, float]:
+def bench_hbmserve(config: str | None, spec, load: Load, env: dict[str, str] | None = None) -> tuple[dict, float]:
     hb = [sys.executable, "-m", "hbmserve"]
     t0 = time.monotonic()
     try:
         subprocess.run([*hb, "up", "--detach", *([config] if config else [])], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
         startup = time.monotonic() - t0
         url = f"http://127.0.0.1:{spec.serve.http.port}"
         wait_ready(url, 60)

@@ -238,3 +238,10 @@ def test_endpoint_service_selects_the_workers_whose_front_door_answers(rendered,
             (container,) = template["spec"]["containers"]
             assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "serve"}
     assert one(docs, "RayService")["spec"]["excludeHeadPodFromServeSvc"] is True
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_ray_container_runs_serve_replicas_at_normal_priority(rendered, name):
+    """Ray's workers default to nice 15, below its daemons: the data path would lose every tie."""
+    for c in ray_containers(rendered[name]):
+        assert {e["name"]: e.get("value") for e in c["env"]}["RAY_worker_niceness"] == "0"

@@ -168,3 +168,23 @@ def test_no_port_the_default_up_opened_takes_an_unauthenticated_ray_call(sim_ser
     print(json.dumps(report, indent=1))
     accepted = {k: v for k, v in report.items() if v not in ("loopback only", "refused without a token")}
     assert accepted == {}, report
+
+
+def test_serve_replicas_run_at_the_priority_of_rays_daemons(sim_served):
+    """`hbmserve up` starts Ray's workers at nice 0 (cluster/local_head.py SERVING_ENV): the front
+    door and every engine replica, not Ray's default 15 below its own daemons."""
+    import psutil
+
+    def nice_of(marker: str) -> list[int]:
+        out = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if marker in " ".join(p.info["cmdline"] or []):
+                    out.append(p.nice())
+            except psutil.NoSuchProcess:
+                continue
+        return out
+
+    door, replicas = nice_of("ServeReplica:hbmserve-frontdoor"), nice_of(f"ServeReplica:{MODEL}")
+    assert door and len(replicas) >= REPLICAS
+    assert set(door + replicas) == {0}

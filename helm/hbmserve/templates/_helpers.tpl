@@ -125,6 +125,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Environment of every Ray container. The Ray token comes from its Secret by reference, never inline. */}}
 {{- define "hbmserve.rayEnv" -}}
+{{- /* Serve replicas (the door, the engines) at the daemons' priority, not Ray's nice 15 for
+     workers: cluster/local_head.py SERVING_ENV says why. */}}
+- name: RAY_worker_niceness
+  value: "0"
 {{- if .Values.ray.auth.enabled }}
 - name: RAY_AUTH_MODE
   value: token
