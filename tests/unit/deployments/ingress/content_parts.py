@@ -9,9 +9,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-JUNK = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=6),
-                 st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
-TEXT = st.text(max_size=16)
+# Values a JSON client can send: no NaN or infinity, no lone surrogates (not UTF-8).
+_CHARS = st.characters(exclude_categories=["Cs"])
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+                 st.text(_CHARS, max_size=6),
+                 st.lists(st.integers(), max_size=2), st.dictionaries(st.text(_CHARS, max_size=3), st.integers(), max_size=2))
+TEXT = st.text(_CHARS, max_size=16)
 
 
 def _maybe(good: st.SearchStrategy) -> st.SearchStrategy:
