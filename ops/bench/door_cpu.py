@@ -12,6 +12,9 @@ process, read from /proc (utime + stime) over the run. The door's figure is what
 the data path; the replica's is the upper bound of what the door could save by being absent.
 
     python -m hbmserve.ops.bench.door_cpu --rounds 3 --concurrency 16 --tokens 256 --requests 64
+
+`HBMSERVE_BENCH_LOOP=uvloop` runs the door on uvloop instead of asyncio's loop (measured: no
+difference, docs/benchmarks.md).
 """
 
 from __future__ import annotations
