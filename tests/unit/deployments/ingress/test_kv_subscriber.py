@@ -29,6 +29,17 @@ def _stored(hashes, medium="GPU", parent=None):
                                  lora_id=None, medium=medium, lora_name=None)
 
 
+def _term_zmq() -> None:
+    """End the process-wide ZMQ contexts the publisher and the subscriber used (every socket is
+    closed by now), so none is left for the interpreter's exit to tear down under other threads."""
+    import zmq
+    import zmq.asyncio
+
+    for cls in (zmq.asyncio.Context, zmq.Context):
+        if cls._instance is not None and not cls._instance.closed:
+            cls._instance.term()
+
+
 def _batch(*events):
     return kv_events.KVEventBatch(ts=time.time(), events=list(events))
 
@@ -89,6 +100,7 @@ def test_late_join_is_replayed_and_a_lost_gap_leaves_the_index_knowing_less(buff
         joined, after, last = asyncio.run(asyncio.wait_for(scenario(), 30))
     finally:
         pub.shutdown()
+        _term_zmq()
     stats = index.stats()
     if buffer_steps == 100:
         assert stats.resets == 0 and joined == set(range(10, last))
