@@ -33,9 +33,9 @@ from hbmserve.deployments.replica.replica_middleware import LoadCounters, Replic
 from hbmserve.deployments.replica.replica_http import AsgiListener, EngineLoad
 from hbmserve.deployments.replica.sim_metrics import RequestTimer, SimEngineMetrics
 from hbmserve.deployments.replica.standby_sleep import AwakeGate
-from hbmserve.deployments.replica.sim_protocol import (BYTES_PER_TOKEN, ChatRequest, CompletionRequest, GenerationPlan,
-                                               Rejection, chat_prompt, completion_prompt, error_body, filler_text,
-                                               plan_generation, token_text, usage)
+from hbmserve.deployments.replica.sim_protocol import (BYTES_PER_TOKEN, OUTPUT_ID_BASE, ChatRequest, CompletionRequest,
+                                                       GenerationPlan, Rejection, chat_prompt, completion_prompt,
+                                                       error_body, filler_text, plan_generation, token_text, usage)
 from hbmserve.routing.prefix import DEFAULT_BLOCK_CHARS, chat_prompt_text, prompt_block_hashes
 
 log = logging.getLogger("hbmserve.deployments.replica")
@@ -52,37 +52,52 @@ def _sse(payload: dict) -> bytes:
 
 
 class _Reply:
-    """One request's response envelope: the same id/created/model on every chunk."""
+    """One request's response envelope: the same id/created/model on every chunk. With
+    `token_ids` (vLLM's `return_token_ids`), chunks carry token ids where vLLM puts them."""
 
-    def __init__(self, chat: bool, model: str, plan: GenerationPlan):
-        self.chat, self.model, self.plan = chat, model, plan
+    def __init__(self, chat: bool, model: str, plan: GenerationPlan, prompt_ids: list[int] | None = None):
+        self.chat, self.model, self.plan, self.prompt_ids = chat, model, plan, prompt_ids
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def chunk(self, text: str | None, finish: str | None) -> dict:
+    def _ids(self, positions: range) -> dict:
+        return {} if self.prompt_ids is None else {"token_ids": [OUTPUT_ID_BASE + p for p in positions]}
+
+    def role_chunk(self) -> dict:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        ids = {} if self.prompt_ids is None else {"prompt_token_ids": self.prompt_ids}
+        return self._envelope("chat.completion.chunk", [choice]) | ids
+
+    def chunk(self, i: int, finish: str | None) -> dict:
+        """The chunk of the plan's i-th token."""
+        at = self.plan.first_position + i
         if self.chat:
-            delta = {"role": "assistant", "content": ""} if text is None else {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return self._envelope("chat.completion.chunk", [choice])
-        return self._envelope("text_completion", [{"index": 0, "text": text or "", "logprobs": None,
-                                                   "finish_reason": finish}])
+            choice = {"index": 0, "delta": {"content": token_text(at)}, "logprobs": None, "finish_reason": finish}
+            return self._envelope("chat.completion.chunk", [choice | self._ids(range(at, at + 1))])
+        choice = {"index": 0, "text": token_text(at), "logprobs": None, "finish_reason": finish}
+        if self.prompt_ids is not None:
+            choice["prompt_token_ids"] = self.prompt_ids if i == 0 else None
+        return self._envelope("text_completion", [choice | self._ids(range(at, at + 1))])
 
     def usage_chunk(self, n: int) -> dict:
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", []) | {
             "usage": usage(self.plan, n)}
 
     def whole(self, n: int) -> dict:
-        text = filler_text(n)
+        start = self.plan.first_position
+        text, ids = filler_text(n, start), self._ids(range(start, start + n))
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                       "finish_reason": self.plan.finish_reason}
-            body = self._envelope("chat.completion", [choice])
+            body = self._envelope("chat.completion", [choice | ids])
+            body |= {} if self.prompt_ids is None else {"prompt_token_ids": self.prompt_ids}
         else:
-            body = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
-                                                       "finish_reason": self.plan.finish_reason}])
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.plan.finish_reason}
+            choice |= {} if self.prompt_ids is None else {"prompt_token_ids": self.prompt_ids}
+            body = self._envelope("text_completion", [choice | ids])
         return body | {"usage": usage(self.plan, n)}
 
 
@@ -151,17 +166,15 @@ def build_sim_openai_app(engine, model_name: str, max_model_len: int, metrics: S
         if req.model != model_name:
             raise OpenAIError(404, f"The model `{req.model}` does not exist.", "model")
         if chat:
-            key, prompt_tokens = chat_prompt(req)
-            max_tokens = req.max_completion_tokens or req.max_tokens
+            prompt, max_tokens = chat_prompt(req), req.max_completion_tokens or req.max_tokens
         else:
-            prompt = completion_prompt(req)
+            prompt, max_tokens = completion_prompt(req), req.max_tokens
             if isinstance(prompt, Rejection):
                 raise OpenAIError(400, prompt.message, prompt.param)
-            (key, prompt_tokens), max_tokens = prompt, req.max_tokens
-        plan = plan_generation(key, prompt_tokens, max_tokens, max_model_len)
+        plan = plan_generation(prompt, max_tokens, max_model_len)
         if isinstance(plan, Rejection):
             raise OpenAIError(400, plan.message, plan.param)
-        reply = _Reply(chat, model_name, plan)
+        reply = _Reply(chat, model_name, plan, prompt.ids() if req.return_token_ids else None)
         cfg = engine.core.cfg
         hashes = prefix_hashes(req, cfg.hash_block_tokens) if cfg.enable_prefix_caching else ()
         timer = metrics.request(time.monotonic(), plan.prompt_tokens) if metrics is not None else None
@@ -197,11 +210,11 @@ async def _stream(reply: _Reply, first: int, tokens: AsyncIterator[int], include
     last = reply.plan.output_tokens - 1
     try:
         if reply.chat:
-            yield _sse(reply.chunk(None, None))
+            yield _sse(reply.role_chunk())
         n, i = 0, first
         while True:
             n += 1
-            yield _sse(reply.chunk(token_text(i), reply.plan.finish_reason if i == last else None))
+            yield _sse(reply.chunk(i, reply.plan.finish_reason if i == last else None))
             if i == last:
                 break
             try:

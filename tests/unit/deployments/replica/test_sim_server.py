@@ -15,8 +15,9 @@ from hbmserve.capacity.perf.hardware import load_catalog
 from hbmserve.capacity.perf.scenario import scenario_for
 from hbmserve.deployments.replica.sim_engine import SimEngine
 from hbmserve.core.config import ModelSpec
-from hbmserve.deployments.replica.sim_protocol import (FILLER_WORDS, GenerationPlan, Rejection, estimate_tokens,
-                                               filler_text, plan_generation, token_text)
+from hbmserve.deployments.replica.sim_protocol import (FILLER_WORDS, OUTPUT_ID_BASE, GenerationPlan, PromptView,
+                                                       Rejection, estimate_tokens, filler_text, ids_prompt,
+                                                       plan_generation, text_prompt, token_text)
 from hbmserve.deployments.replica.sim_server import build_sim_openai_app
 
 NAME = "sim-8b"
@@ -72,26 +73,42 @@ def test_filler_text_is_one_word_per_token():
     assert "".join(token_text(i) for i in range(40)) == text
 
 
+def test_a_prompt_ending_in_the_engines_own_output_ids_resumes_that_reply():
+    text = text_prompt("resume me, please")
+    whole = plan_generation(text, None, 4096)
+    assert text.ids() and all(i < OUTPUT_ID_BASE for i in text.ids())
+    resumed = ids_prompt(text.ids() + [OUTPUT_ID_BASE + i for i in range(5)])
+    assert (resumed.key, resumed.resume_at, resumed.tokens) == (text.key, 5, text.tokens + 5)
+    plan = plan_generation(resumed, None, 4096)
+    # The rest of the same reply: its natural end, and its words from position 5 on.
+    assert (plan.output_tokens, plan.first_position, plan.finish_reason) == (whole.output_tokens - 5, 5, "stop")
+    assert filler_text(5) + filler_text(plan.output_tokens, 5) == filler_text(whole.output_tokens)
+    # Output ids out of order, or ids past uint32 that are not this engine's: an ordinary prompt.
+    assert ids_prompt([7, OUTPUT_ID_BASE + 1]).resume_at == 0
+    assert ids_prompt([OUTPUT_ID_BASE * 3]).key == str(OUTPUT_ID_BASE * 3).encode()
+
+
 def test_explicit_max_tokens_is_exact_or_rejected_naming_the_limit():
-    assert plan_generation("p", 10, 30, 100) == GenerationPlan(10, 30, "length")
-    assert plan_generation("p", 10, 90, 100) == GenerationPlan(10, 90, "length")
-    rej = plan_generation("p", 10, 91, 100)
+    p = PromptView(b"p", 10)
+    assert plan_generation(p, 30, 100) == GenerationPlan(10, 30, "length")
+    assert plan_generation(p, 90, 100) == GenerationPlan(10, 90, "length")
+    rej = plan_generation(p, 91, 100)
     assert isinstance(rej, Rejection) and rej.param == "max_tokens"
     assert "91" in rej.message and "100" in rej.message
 
 
 def test_without_max_tokens_the_reply_stops_at_its_natural_length():
     natural = 16 + zlib.crc32(b"some prompt") % 241
-    assert plan_generation("some prompt", 5, None, 4096) == GenerationPlan(5, natural, "stop")
+    assert plan_generation(PromptView(b"some prompt", 5), None, 4096) == GenerationPlan(5, natural, "stop")
     # Context runs out first: cut at max_model_len, like vLLM's default max_tokens.
-    assert plan_generation("some prompt", 5, None, 5 + 3) == GenerationPlan(5, 3, "length")
-    rej = plan_generation("some prompt", 4096, None, 4096)
+    assert plan_generation(PromptView(b"some prompt", 5), None, 5 + 3) == GenerationPlan(5, 3, "length")
+    rej = plan_generation(PromptView(b"some prompt", 4096), None, 4096)
     assert isinstance(rej, Rejection) and rej.param == "prompt" and "4096" in rej.message
 
 
 @given(st.integers(1, 5000), st.none() | st.integers(1, 5000), st.integers(1, 5000), st.text(max_size=20))
 def test_a_plan_always_fits_the_context(prompt, max_tokens, mml, key):
-    plan = plan_generation(key, prompt, max_tokens, mml)
+    plan = plan_generation(PromptView(key.encode(), prompt), max_tokens, mml)
     room = mml - prompt
     if isinstance(plan, Rejection):
         assert (max_tokens or 1) > room
@@ -138,7 +155,7 @@ def test_completion_without_max_tokens_stops_by_itself():
         return (await c.post("/v1/completions", json={"model": NAME, "prompt": prompt})).json()
 
     body = run(with_client(go))
-    natural = 16 + zlib.crc32(prompt.encode()) % 241
+    natural = 16 + zlib.crc32(prompt.encode()[:len(prompt) // 4 * 4]) % 241  # the bytes of its token ids
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"]["completion_tokens"] == natural
     assert len(body["choices"][0]["text"].split(" ")) == natural
@@ -177,6 +194,27 @@ def test_streaming_delivers_every_token_then_usage_then_done(chat):
     assert [c["choices"][0]["finish_reason"] for c in tokens] == [None] * (n - 1) + ["length"]
     assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == n
     assert len({c["id"] for c in chunks}) == 1
+
+
+def test_token_ids_come_where_vllm_puts_them_and_a_reply_resumes_from_them():
+    async def go(c, _):
+        r = await c.post("/v1/chat/completions", json=chat_body("ids please", stream=True, return_token_ids=True))
+        events = [json.loads(p) for p in sse_payloads(r.text) if p != "[DONE]"]
+        prompt_ids = events[0]["prompt_token_ids"]  # chat: on the role chunk, at the top level
+        ids = [i for e in events[1:] for i in e["choices"][0]["token_ids"]]
+        text = "".join(e["choices"][0]["delta"]["content"] for e in events[1:])
+        rest = (await c.post("/v1/completions", json={"model": NAME, "prompt": prompt_ids + ids[:3],
+                                                      "return_token_ids": True})).json()
+        return prompt_ids, ids, text, rest
+
+    prompt_ids, ids, text, rest = run(with_client(go))
+    assert len(prompt_ids) == len(b"<|user|>\nids please\n<|assistant|>\n") // 4
+    assert ids == [OUTPUT_ID_BASE + i for i in range(len(ids))]
+    choice = rest["choices"][0]
+    assert choice["token_ids"] == ids[3:] and choice["finish_reason"] == "stop"
+    assert filler_text(3) + choice["text"] == text
+    assert rest["usage"] == {"prompt_tokens": len(prompt_ids) + 3, "completion_tokens": len(ids) - 3,
+                             "total_tokens": len(prompt_ids) + len(ids)}
 
 
 def test_streaming_without_include_usage_sends_no_usage_chunk():
