@@ -311,6 +311,8 @@ class ModelTraffic(Record):
     queued: int  # admitted, waiting for a replica (scale from zero, burst)
     routable: int  # active replicas this front door reaches now
     retried: int = 0  # requests whose replica failed before answering, sent to another once
+    migrated: int = 0  # streams that broke mid-way and went on from another replica
+    migration_failed: int = 0  # broken streams that could not go on (limit spent, not resumable)
 
 
 @dataclass(frozen=True, kw_only=True)

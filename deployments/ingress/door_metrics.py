@@ -4,8 +4,9 @@ What one front door exports, each family once:
 * the engine families of the replicas on its node (engine_metrics.py), renamed hbmserve_* and
   labelled model and replica; a replica on another node is that node's front door's business,
   so summing any family over the front doors never counts a replica twice;
-* its own: refusals by model, reason and tenant, requests held in its queues, the hourly
-  price of the replicas on its node, and each model's SLO (so a dashboard draws it beside the
+* its own: refusals by model, reason and tenant, requests held in its queues, streams moved
+  to another replica mid-stream (migration.py), the hourly price of the replicas on its node,
+  and each model's SLO (so a dashboard draws it beside the
   p95 it bounds; every front door exports it, so take `max`, not `sum`);
 * GPU gauges from NVML where the node has GPUs (gpu_metrics.py), nothing elsewhere.
 The cluster-wide figures the autoscaling policy knows (replicas by role, target, last action)
@@ -65,8 +66,10 @@ def merge_families(families: Iterable[Metric]) -> list[Metric]:
 
 
 def door_families(refusals: Refusals, queued: dict[str, int], local: Iterable[KnownReplica],
-                  usd_per_replica_hour: dict[str, float | None], slos: Mapping[str, SLO]) -> list[Metric]:
-    """The front door's own families (pure: tests call it with plain data)."""
+                  usd_per_replica_hour: dict[str, float | None], slos: Mapping[str, SLO],
+                  migrations: Mapping[str, Mapping[str, int]] | None = None) -> list[Metric]:
+    """The front door's own families (pure: tests call it with plain data). `migrations`:
+    outcome ("resumed", "failed") -> model -> broken streams (migration.py)."""
     refused = CounterMetricFamily("hbmserve_refusals", "Requests a front door answered with an error instead of "
                                   "serving, by OpenAI error code", labels=("model", "reason", "tenant"))
     for key, n in sorted(refusals.counts.items(), key=lambda kv: (kv[0].model, kv[0].reason, kv[0].tenant)):
@@ -86,7 +89,12 @@ def door_families(refusals: Refusals, queued: dict[str, int], local: Iterable[Kn
     for model, s in sorted(slos.items()):
         slo.add_metric((model, "ttft"), s.ttft_p95_ms / 1000)
         slo.add_metric((model, "tpot"), s.tpot_p95_ms / 1000)
-    return [refused, held, cost, slo]
+    moved = CounterMetricFamily("hbmserve_door_migrations", "Streams whose replica failed mid-stream: resumed on "
+                                "another replica, or failed (migration limit spent)", labels=("model", "outcome"))
+    for outcome, by_model in sorted((migrations or {}).items()):
+        for model, n in sorted(by_model.items()):
+            moved.add_metric((model, outcome), n)
+    return [refused, held, cost, slo, moved]
 
 
 async def _replica_families(session, r: KnownReplica, token: str) -> list[Metric]:

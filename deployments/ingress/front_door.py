@@ -128,7 +128,8 @@ class FrontDoor:
     async def _metrics(self) -> bytes:
         local = local_replicas(self.table, self.node_id)
         own = door_families(self.app.refusals, {name: a.queued for name, a in self.admission.items()}, local,
-                            self.prices, {m.name: m.slo for m in self.spec.models})
+                            self.prices, {m.name: m.slo for m in self.spec.models},
+                            {"resumed": self.app.migrated, "failed": self.app.migration_failed})
         return await node_metrics(self.session, self.app.token, local, own,
                                   self.gpus.collect if self.gpus is not None else None)
 
@@ -137,7 +138,9 @@ class FrontDoor:
 
         models = tuple(ModelTraffic(model=name, accepted=a.accepted, rejected=a.rejected,
                                     in_flight=a.in_flight_sequences + a.queued, queued=a.queued,
-                                    routable=self.table.routable(name), retried=self.app.retried.get(name, 0))
+                                    routable=self.table.routable(name), retried=self.app.retried.get(name, 0),
+                                    migrated=self.app.migrated.get(name, 0),
+                                    migration_failed=self.app.migration_failed.get(name, 0))
                        for name, a in self.admission.items())
         return IngressInfo(node_id=self.node_id, url=self.url, own_url=self.own_url, auth=self.guard.enforced,
                            connections=self.server.connections,

@@ -7,7 +7,8 @@
     guard.charge(tenant, gen.most_tokens(...), doors)   # tenant rate limits, split over doors: 429
     ticket = await admission[model].enter(ask)          # queue or refuse: 429 / 503
     for replica in choose(table.loads(model), route):   # the shared router, at most 2 tries
-        relay(..., tap)                                 # retried only before the first byte
+        relay(..., tap, ledger)                         # retried only before the first byte
+    resume(ledger, ...)                                 # a broken stream goes on elsewhere (migration.py)
     admission[model].leave(ticket)
     guard.settle(tenant, charged, tap.spent(...))       # the engine's usage settles the bucket
 
@@ -32,7 +33,8 @@ from hbmserve.deployments.ingress.dashboard_feed import DashboardFeed
 from hbmserve.deployments.ingress.door_metrics import Refusals
 from hbmserve.deployments.ingress.front_door_openapi import openapi_document
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission, ask_for
-from hbmserve.deployments.ingress.relay import FirstByteTimeout, NotStarted, relay, upstream_headers
+from hbmserve.deployments.ingress.migration import StreamLedger, resumable, with_token_ids
+from hbmserve.deployments.ingress.relay import FirstByteTimeout, NotStarted, Refused, end_broken, relay, upstream_headers
 from hbmserve.deployments.ingress.request_body import EMBEDDINGS, BodyShapeError, Generation, read_generation
 from hbmserve.deployments.ingress.usage_tap import UsageTap, with_usage_asked
 from hbmserve.routing.queue import Ask
@@ -48,6 +50,8 @@ log = logging.getLogger("hbmserve.frontdoor")
 RUN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations", EMBEDDINGS})
 MODEL_PATHS = RUN_PATHS | {"/tokenize", "/detokenize"}
 ATTEMPTS = 2  # the first replica, and one retry elsewhere when the first failed before any byte
+REFUSED_PAUSE_S = 0.25  # between continuations that replicas refused (at their caps)
+REFUSED_TRIES = 20  # then the stream ends with an error: 5 s of survivors too full to take it
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,8 @@ class FrontDoorApp:
         self.dashboard = dashboard  # the ops dashboard's feed: serves its page, times each reply
         self.openapi = openapi_document(spec)
         self.retried: dict[str, int] = {}  # model -> requests retried on another replica
+        self.migrated: dict[str, int] = {}  # model -> streams that went on from another replica
+        self.migration_failed: dict[str, int] = {}  # model -> broken streams that could not go on
         self.route: Router = ROUTERS[spec.serve.router]
         self._requests = 0
 
@@ -267,15 +273,19 @@ class FrontDoorApp:
             await self._refuse(send, refused, model.name, tenant)
             return
         tap = UsageTap(strip=gen.stream and not gen.stream_usage)
+        raw = with_usage_asked(raw, body, gen)
+        ledger = None
+        if self.spec.serve.migration_limit and path in RUN_PATHS and resumable(path, body, gen):
+            ledger, raw = StreamLedger(path, body), with_token_ids(raw)
         try:
-            await self._admit_and_relay(scope, receive, send, model.name, with_usage_asked(raw, body, gen),
+            await self._admit_and_relay(scope, receive, send, model.name, raw,
                                         ask_for(credential, model, gen, asyncio.get_running_loop().time()),
-                                        text, tenant, tap)
+                                        text, tenant, tap, ledger)
         finally:  # the bucket keeps what the engine spent, not the most the request might have
             self.guard.settle(credential, charged, tap.spent(charged, gen.all_prompt_tokens), self.table.doors)
 
     async def _admit_and_relay(self, scope, receive, send, model: str, raw: bytes, ask: Ask, text: str,
-                               tenant: str | None, tap: UsageTap) -> None:
+                               tenant: str | None, tap: UsageTap, ledger: StreamLedger | None) -> None:
         if scope["path"] not in RUN_PATHS:
             await _while_connected(receive, self._route_and_relay(scope, send, model, raw,
                                                                   RouteRequest(ask.prompt_tokens, 0), tenant, tap))
@@ -294,12 +304,13 @@ class FrontDoorApp:
             self._requests += 1  # the salt of choose's power-of-two draw: spreads ties, reproducibly
             route = RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=prompt_block_hashes(text),
                                  salt=self._requests)
-            await _while_connected(receive, self._route_and_relay(scope, send, model, raw, route, tenant, tap))
+            await _while_connected(receive, self._route_and_relay(scope, send, model, raw, route, tenant, tap,
+                                                                  ledger))
         finally:
             gate.leave(ticket)
 
     async def _route_and_relay(self, scope, send, model: str, raw: bytes, route: RouteRequest,
-                               tenant: str | None, tap: UsageTap) -> None:
+                               tenant: str | None, tap: UsageTap, ledger: StreamLedger | None = None) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         query = scope.get("query_string", b"").decode("latin-1")
@@ -317,8 +328,11 @@ class FrontDoorApp:
             replica.remember(route.prefix_hashes)
             tap.forwarded = True
             try:
-                await relay(self.session_of(), replica.endpoint.url + suffix, scope["method"], headers, raw, send,
-                            self.limits.first_byte_timeout_s, started, replica.endpoint.replica, tap)
+                done = await relay(self.session_of(), replica.endpoint.url + suffix, scope["method"], headers, raw,
+                                   send, self.limits.first_byte_timeout_s, started, replica.endpoint.replica, tap,
+                                   ledger)
+                if done.left_open:
+                    await self._resume(send, model, route, headers, tap, ledger, tried)
                 return
             except NotStarted as err:
                 failure = f"replica {replica.endpoint.replica} failed before answering ({err})"
@@ -336,3 +350,47 @@ class FrontDoorApp:
         await self._error(send, status, f"{model}: {failure}", "server_error",
                           "no_replica" if status == 503 else "replica_failed", retry_after=1, model=model,
                           tenant=tenant)
+
+    async def _resume(self, send, model: str, route: RouteRequest, headers: dict[str, str], tap: UsageTap,
+                      ledger: StreamLedger, tried: list[str]) -> None:
+        """Go on with a broken stream from another replica (migration.py), up to the migration
+        limit of replicas that break; one whose cap refuses the continuation is asked again
+        after a pause. Ends the client's response either way."""
+        loop = asyncio.get_running_loop()
+        limit, refusals, done = self.spec.serve.migration_limit, 0, None
+        self.table.mark_unreachable(model, tried[-1])
+        while ledger.migrations < limit and refusals < REFUSED_TRIES:
+            ranked = [rid for rid in self.route(self.table.loads(model), route).ranked if rid not in tried]
+            replica = self.table.get(model, ranked[0]) if ranked else None
+            if replica is None:
+                break
+            name = replica.endpoint.replica
+            replica.sent_since_poll += 1
+            try:
+                done = await relay(self.session_of(), replica.endpoint.url + "/v1/completions", "POST", headers,
+                                   ledger.continuation_body(), send, self.limits.first_byte_timeout_s, loop.time(),
+                                   tap=tap, ledger=ledger, resumed=True)
+            except Refused:
+                refusals += 1
+                await asyncio.sleep(REFUSED_PAUSE_S)
+                continue
+            except (NotStarted, FirstByteTimeout) as err:
+                ledger.migrations += 1
+                tried.append(name)
+                log.warning("%s: a continuation on replica %s failed (%s)", model, name, err)
+                self.table.mark_unreachable(model, name)
+                continue
+            ledger.migrations += 1
+            tried.append(name)
+            if done.completed:
+                self.migrated[model] = self.migrated.get(model, 0) + 1
+                log.info("%s: a stream went on from replica %s, %d tokens in all", model, name, len(ledger.sent))
+                return
+            if not done.left_open:  # ended by relay with an error event: not resumable any more
+                break
+            self.table.mark_unreachable(model, name)
+        self.migration_failed[model] = self.migration_failed.get(model, 0) + 1
+        if done is not None and not done.completed and not done.left_open:
+            return  # relay has ended the response
+        await end_broken(send, tap, True, f"the replicas serving this request failed mid-stream "
+                         f"{ledger.migrations + 1} times (migration limit {limit}); the reply is incomplete")

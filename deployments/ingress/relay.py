@@ -4,7 +4,10 @@ The response's status and headers are held back until the replica's first body b
 until then nothing has reached the client, so a replica that dies (connection refused or reset,
 closed before answering) is a `NotStarted` failure the caller retries once on another replica.
 After the first byte, a failure ends the stream: a server-sent-event stream gets a terminal
-`data: {"error": ...}` event, so an OpenAI client raises instead of silently stopping short.
+`data: {"error": ...}` event, so an OpenAI client raises instead of silently stopping short;
+unless the stream has a `StreamLedger` that can resume it (migration.py): then the response is
+left open (`Relayed.left_open`) for the front door to go on from another replica, whose reply
+`relay(..., resumed=True)` streams into the same response.
 A client that goes away cancels the upstream request, which frees the engine's slot.
 """
 
@@ -14,6 +17,7 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+from hbmserve.deployments.ingress.migration import StreamLedger
 from hbmserve.deployments.ingress.usage_tap import UsageTap
 from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
 
@@ -27,6 +31,10 @@ class NotStarted(Exception):
     """The replica failed before the client got any byte: safe to retry elsewhere."""
 
 
+class Refused(NotStarted):
+    """The replica answered a continuation with an error (at its cap, say): it is alive."""
+
+
 class FirstByteTimeout(Exception):
     """The replica accepted the request but sent nothing within the first-byte timeout."""
 
@@ -35,7 +43,8 @@ class FirstByteTimeout(Exception):
 class Relayed:
     status: int
     first_byte_s: float | None  # None when the reply had no body
-    completed: bool  # False: the stream broke after it started (the client got an error event)
+    completed: bool  # False: the stream broke after it started
+    left_open: bool = False  # broken, resumable, and the client's response not ended yet
 
 
 def upstream_headers(client_headers: list[tuple[bytes, bytes]], token: str) -> dict[str, str]:
@@ -54,12 +63,15 @@ REPLICA_HEADER = b"x-hbmserve-replica"
 
 async def relay(session, url: str, method: str, headers: dict[str, str], body: bytes, send,
                 first_byte_timeout_s: float, started_at: float, replica: str = "",
-                tap: UsageTap | None = None) -> Relayed:
+                tap: UsageTap | None = None, ledger: StreamLedger | None = None, resumed: bool = False) -> Relayed:
     """Send the request to `url` and stream the reply to the ASGI `send`; the reply names the
     replica that served it (`x-hbmserve-replica`), for the client's and the operator's logs.
-    `tap` reads the engine's usage on the way (usage_tap.py)."""
+    `tap` reads the engine's usage on the way (usage_tap.py); `ledger` keeps a stream resumable
+    (migration.py). `resumed`: the reply continues a response already started, so it sends no
+    status line; a continuation that is refused (not a 200) is a break."""
     import aiohttp
 
+    broken = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + first_byte_timeout_s  # for the status line and the first body byte
     try:
@@ -69,7 +81,7 @@ async def relay(session, url: str, method: str, headers: dict[str, str], body: b
             timeout=first_byte_timeout_s)
     except asyncio.TimeoutError:
         raise FirstByteTimeout() from None
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as err:
+    except broken as err:
         raise NotStarted(f"{type(err).__name__}: {err}") from None
     try:
         chunks = resp.content.iter_any()
@@ -77,28 +89,49 @@ async def relay(session, url: str, method: str, headers: dict[str, str], body: b
             first = await asyncio.wait_for(anext(chunks, b""), timeout=max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             raise FirstByteTimeout() from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as err:
+        except broken as err:
             raise NotStarted(f"{type(err).__name__}: {err}") from None
         first_at = loop.time() - started_at if first else None
         is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
-        out_headers = [(k.encode("latin-1").lower(), v.encode("latin-1")) for k, v in resp.headers.items()
-                       if k.lower() not in _RESPONSE_DROP and not (is_sse and k.lower() == "content-length")]
-        if replica:
-            out_headers.append((REPLICA_HEADER, replica.encode()))
         tap = tap or UsageTap(strip=False)
-        tap.begin(resp.status, is_sse)
-        await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
-        if first:
-            await send({"type": "http.response.body", "body": tap.feed(first), "more_body": True})
+        if resumed:
+            if resp.status != 200 or not is_sse:
+                raise Refused(f"the continuation was answered {resp.status}")
+        else:
+            out_headers = [(k.encode("latin-1").lower(), v.encode("latin-1")) for k, v in resp.headers.items()
+                           if k.lower() not in _RESPONSE_DROP and not (is_sse and k.lower() == "content-length")]
+            if replica:
+                out_headers.append((REPLICA_HEADER, replica.encode()))
+            tap.begin(resp.status, is_sse)
+            await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
+        if not (is_sse and resp.status == 200):
+            ledger = None  # an error reply: passed on as it is
+        pass_on = (ledger.feed_continued if resumed else ledger.feed) if ledger is not None else None
         try:
-            async for chunk in chunks:
-                await send({"type": "http.response.body", "body": tap.feed(chunk), "more_body": True})
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as err:
-            tail = sse_error_event(f"the replica serving this request failed mid-stream ({type(err).__name__}); "
-                                   "the reply is incomplete") if is_sse else b""
-            await send({"type": "http.response.body", "body": tap.finish() + tail})
+            chunk = first
+            while chunk:
+                if pass_on is not None:
+                    chunk = pass_on(chunk)
+                if chunk:
+                    await send({"type": "http.response.body", "body": tap.feed(chunk), "more_body": True})
+                if ledger is not None and ledger.failed:
+                    raise ConnectionResetError("the engine sent an error event")
+                chunk = await anext(chunks, b"")
+        except broken as err:
+            if ledger is not None and ledger.finished:  # every token is out: end the stream as it would have
+                await send({"type": "http.response.body", "body": tap.feed(ledger.closing()) + tap.finish()})
+                return Relayed(resp.status, first_at, completed=True)
+            if ledger is not None and ledger.can_resume:
+                return Relayed(resp.status, first_at, completed=False, left_open=True)
+            await end_broken(send, tap, is_sse, f"the replica serving this request failed mid-stream "
+                             f"({type(err).__name__}); the reply is incomplete")
             return Relayed(resp.status, first_at, completed=False)
         await send({"type": "http.response.body", "body": tap.finish()})
         return Relayed(resp.status, first_at, completed=True)
     finally:
         resp.release() if resp.content.at_eof() else resp.close()
+
+
+async def end_broken(send, tap: UsageTap, is_sse: bool, message: str) -> None:
+    """End a response whose reply broke: what the tap still holds, then an SSE error event."""
+    await send({"type": "http.response.body", "body": tap.finish() + (sse_error_event(message) if is_sse else b"")})

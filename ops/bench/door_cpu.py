@@ -14,7 +14,8 @@ the data path; the replica's is the upper bound of what the door could save by b
     python -m hbmserve.ops.bench.door_cpu --rounds 3 --concurrency 16 --tokens 256 --requests 64
 
 `HBMSERVE_BENCH_LOOP=uvloop` runs the door on uvloop instead of asyncio's loop (measured: no
-difference, docs/benchmarks.md).
+difference, docs/benchmarks.md). `HBMSERVE_BENCH_MIGRATION_LIMIT=0` turns mid-stream migration
+off (the door then relays chunks without reading them for token ids).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ async def _serve_door(arg: str) -> None:
     from hbmserve.ops.sim_door import SimDoor
 
     token, url = arg.split("@", 1)
-    spec = ClusterSpec.model_validate({"name": "door-cpu", "models": [MODEL]})
+    limit = int(os.environ.get("HBMSERVE_BENCH_MIGRATION_LIMIT", "3"))
+    spec = ClusterSpec.model_validate({"name": "door-cpu", "serve": {"migration_limit": limit}, "models": [MODEL]})
     m = spec.models[0]
     ep = ReplicaEndpoint(app=m.name, deployment=engine_deployment_name(m), replica="r0", model=m.name, url=url,
                          node_id="local", at=0.0)

@@ -3,8 +3,9 @@ worker raylets on this machine), real Serve, simulated engines, keys from files.
 
 One deployment serves the whole module, in this order: one endpoint on every node; each node's
 front door reaching replicas on the other nodes; the auth matrix; slow clients; overload; fuzzing;
-one tenant's limit across the three doors; a key rotated without a restart; a
-replica killed mid-stream and before its first byte; a worker node removed. Every test counts
+one tenant's limit across the three doors; a key rotated without a restart; a worker node
+removed under six streams, then a replica killed mid-stream and before its first byte: every
+stream goes on from the other replica (mid-stream migration). Every test counts
 what it sent, what was accepted and refused, and checks that nothing accepted was lost.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +21,7 @@ import httpx
 import pytest
 
 from hbmserve.cluster import ray_cluster as rc
+from hbmserve.deployments.replica.sim_protocol import filler_text
 from tests.integration.front_door_cluster import (ADMIN, ADMIN_H, C_TOKENS_PER_MINUTE, KEY_A, KEY_B, KEY_C, KEY_D,
                                                   PORT, A, keys_text, cluster_spec)
 
@@ -320,7 +323,36 @@ def _routable(door_url: str, model: str) -> int:
     return next(t["routable"] for t in info["models"] if t["model"] == model)
 
 
-def test_worker_node_removed_the_service_answers_at_once(cluster):
+class Started(threading.Event):
+    """Set once a stream has sent a few tokens; `replica` names the replica it started on."""
+
+    replica = ""
+
+
+def _stream_text(url: str, tokens: int, started: Started | None = None) -> tuple[str, bool, str]:
+    """One long streamed completion: (its text, whether it ended with [DONE], its replica)."""
+    body = {"model": "sim-a", "prompt": "a long answer", "max_tokens": tokens, "stream": True}
+    text, done = "", False
+    with httpx.Client(timeout=60) as c, c.stream("POST", f"{url}/v1/completions", headers=A, json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                event = json.loads(line[6:])
+                assert "error" not in event, event
+                text += "".join(c["text"] for c in event["choices"])
+                if started is not None and len(text) > 40:
+                    started.replica = r.headers["x-hbmserve-replica"]
+                    started.set()
+        return text, done, r.headers["x-hbmserve-replica"]
+
+
+def _migrated() -> int:
+    return sum(t.migrated for d in _doors() for t in d.models if t.model == "sim-a")
+
+
+def test_worker_node_removed_streams_go_on_and_the_service_answers_at_once(cluster):
     c = cluster["cluster"]
     head_door = next(d for d in _doors() if d.node_id == c.head_node.node_id)
     assert _routable(head_door.own_url, "sim-a") == 2
@@ -328,19 +360,29 @@ def test_worker_node_removed_the_service_answers_at_once(cluster):
     victim = next((on_workers[n["NodeID"]] for n in ray.nodes() if n["Alive"] and n["NodeID"] in on_workers
                    and any(r.replica.startswith(n["NodeID"][:8]) for r in _replicas("sim-a").values())), None)
     assert victim is not None, "no sim-a replica on a worker node"
-    c.remove_node(victim)
-    t0, codes, first_error = time.monotonic(), [], None
-    with httpx.Client(timeout=30) as client:
-        while time.monotonic() - t0 < 5:
-            r = _complete(head_door.own_url, client=client)
-            codes.append(r.status_code)
-            first_error = first_error or (r.text if r.status_code != 200 else None)
+    # Six long streams over both replicas (4 running a replica at most), the node removed under them.
+    migrated_before, started = _migrated(), [Started() for _ in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        streams = [pool.submit(_stream_text, head_door.own_url, 600, e) for e in started]
+        assert all(e.wait(30) for e in started)
+        c.remove_node(victim)
+        t0, codes, first_error = time.monotonic(), [], None
+        with httpx.Client(timeout=30) as client:
+            while time.monotonic() - t0 < 5:
+                r = _complete(head_door.own_url, client=client)
+                codes.append(r.status_code)
+                first_error = first_error or (r.text if r.status_code != 200 else None)
+        replies = [f.result(timeout=120) for f in streams]
+    moved = _migrated() - migrated_before
     print(f"node removed: sent {len(codes)} in the next 5 s, accepted {codes.count(200)}, "
-          f"lost {len(codes) - codes.count(200)}")
+          f"lost {len(codes) - codes.count(200)}; 6 streams under way, {moved} moved to the other replica, "
+          f"{sum(done for _, done, _ in replies)} complete")
     assert codes and codes == [200] * len(codes), first_error
+    assert all(text == filler_text(600) and done for text, done, _ in replies)  # no token lost or repeated
+    assert moved >= 1  # at least one stream was on the node that went
 
 
-def test_replica_killed_mid_stream_ends_the_stream_with_an_error_event(cluster):
+def test_replica_killed_mid_stream_the_stream_goes_on_from_the_other(cluster):
     url = cluster["url"]
     # Serve replaces the replica lost with the node above. The public port is shared by every
     # node's front door and each discovers the new replica on its own: wait until all of them
@@ -352,22 +394,18 @@ def test_replica_killed_mid_stream_ends_the_stream_with_an_error_event(cluster):
     while min(everywhere()) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert min(everywhere()) == 2, everywhere()
-    body = {"model": "sim-a", "prompt": "a long answer", "max_tokens": 1500, "stream": True}
-    lines = []
-    with httpx.Client(timeout=60) as c, c.stream("POST", f"{url}/v1/completions", headers=A, json=body) as r:
-        assert r.status_code == 200
-        victim = r.headers["x-hbmserve-replica"]
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                lines.append(line)
-            if len(lines) == 5:
-                ray.kill(_actor_of(victim), no_restart=False)  # the replica process dies mid-stream
-    assert lines[-1] != "data: [DONE]"
-    assert json.loads(lines[-1][6:])["error"]["code"] == "replica_failed"
+    migrated_before, started = _migrated(), Started()
+    with ThreadPoolExecutor(1) as pool:
+        stream = pool.submit(_stream_text, url, 1500, started)
+        assert started.wait(30)
+        ray.kill(_actor_of(started.replica), no_restart=False)  # the replica process dies mid-stream
+        text, done, _ = stream.result(timeout=120)
+    assert text == filler_text(1500) and done
+    assert _migrated() - migrated_before == 1
     # Right after: requests arriving while the dead replica may still look alive are retried
     # on the other one before any byte is sent; none fails.
     with ThreadPoolExecutor(8) as pool:
         codes = list(pool.map(lambda _: _complete(url).status_code, range(24)))
-    print(f"replica killed: sent 24 after the kill, accepted {codes.count(200)}, lost {24 - codes.count(200)}; "
-          f"retried {sum(t.retried for d in _doors() for t in d.models if t.model == 'sim-a')}")
+    print(f"replica killed: the stream went on whole; sent 24 after the kill, accepted {codes.count(200)}, "
+          f"lost {24 - codes.count(200)}; retried {sum(t.retried for d in _doors() for t in d.models if t.model == 'sim-a')}")
     assert codes == [200] * 24

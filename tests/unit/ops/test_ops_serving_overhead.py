@@ -55,15 +55,17 @@ def test_the_meter_charges_a_busy_process_to_its_group():
 
 
 def test_the_door_cpu_loop_streams_every_token_on_both_sides(tmp_path):
-    """ops/bench/door_cpu.py end to end on a small load: three real processes on loopback."""
+    """ops/bench/door_cpu.py end to end on a small load: three real processes on loopback. Enough
+    tokens that the door's relay costs several of the kernel's 10 ms CPU ticks (a tick of idle
+    polling on the direct side must not tie it)."""
     import json
 
     out = tmp_path / "door_cpu.json"
     subprocess.run([sys.executable, "-m", "hbmserve.ops.bench.door_cpu", "--rounds", "1", "--concurrency", "4",
-                    "--tokens", "16", "--requests", "8", "--out", str(out)], check=True, timeout=120,
+                    "--tokens", "32", "--requests", "24", "--out", str(out)], check=True, timeout=120,
                    capture_output=True)
     rows = json.loads(out.read_text())["rounds"]
     assert [r["side"] for r in rows] == ["direct", "door"]
-    assert all(r["tokens"] == 8 * 16 for r in rows)
+    assert all(r["tokens"] == 24 * 32 for r in rows)
     door = rows[1]
     assert door["door_cpu_ms_per_1k"] > 0 and rows[0]["door_cpu_ms_per_1k"] < door["door_cpu_ms_per_1k"]

@@ -26,9 +26,9 @@ KEY = "tenant-key-0123456789"
 SIM = {"gpu": "h100-sxm", "model_config_name": "llama-3.1-8b", "speedup": 200.0}
 
 
-def spec(**serve):
+def spec(sim: dict = SIM, **serve):
     return parse_cluster_spec({"serve": serve, "models": [
-        {"name": "m", "source": "sim", "engine": "sim", "replicas": 2, "sim": SIM,
+        {"name": "m", "source": "sim", "engine": "sim", "replicas": 2, "sim": sim,
          "engine_settings": {"max_model_len": 2048, "max_num_seqs": 2}},
         {"name": "other", "source": "sim", "engine": "sim", "replicas": 1, "sim": SIM}]})
 
@@ -41,8 +41,8 @@ class Door:
     """Sim replicas of model `m` on loopback, the app in front, an httpx client on the app."""
 
     def __init__(self, replicas: int = 2, dead: int = 0, ring=None, limits: BodyLimits = BodyLimits(),
-                 poll: bool = True, wire=None):
-        self.spec = spec()
+                 poll: bool = True, wire=None, cluster=None):
+        self.spec = cluster or spec()
         self.n, self.dead, self.ring, self.limits, self.poll = replicas, dead, ring, limits, poll
         self.wire = wire  # (door) -> FrontDoorApp keyword arguments, as FrontDoor.__init__ injects them
 

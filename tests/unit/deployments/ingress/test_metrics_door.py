@@ -116,3 +116,13 @@ def test_the_price_of_a_replica_is_its_gpus_at_the_configured_or_catalog_price()
     assert replica_usd_per_hour(priced) == 2.5
     unknown = m.model_copy(update={"sim": m.sim.model_copy(update={"gpu": "no-such-gpu"})})
     assert replica_usd_per_hour(unknown) is None
+
+
+def test_streams_moved_mid_stream_are_counted_by_model_and_outcome():
+    from hbmserve.deployments.ingress.door_metrics import Refusals
+
+    families = door_families(Refusals(), {}, [], {}, {}, {"resumed": {"m": 4}, "failed": {"m": 1}})
+    text = b"".join(f"{s.name} {s.value} {sorted(s.labels.items())}\n".encode()
+                    for f in families for s in f.samples).decode()
+    assert "hbmserve_door_migrations_total 4 [('model', 'm'), ('outcome', 'resumed')]" in text
+    assert "hbmserve_door_migrations_total 1 [('model', 'm'), ('outcome', 'failed')]" in text
