@@ -43,7 +43,7 @@ _PLAIN_KEYS = frozenset({"model", "stream", "stream_options", "n", "max_tokens",
                          "min_tokens", "return_token_ids", "logprobs", "echo"})
 
 _EVENT_END = b"\n\n"
-_IDS = re.compile(rb'[{,]"token_ids":\[([0-9,]*)\]')  # an exact key: `"prompt_token_ids"` has `_` before it
+_IDS = re.compile(rb'"token_ids":\[([0-9,]*)\]')  # exact: in `"prompt_token_ids"` no quote precedes `token_ids`
 _PROMPT_IDS = re.compile(rb'"prompt_token_ids":\[([0-9,]*)\]')
 _FINISHED = re.compile(rb'"finish_reason":"')  # a finish reason that is not null
 _ID_FIELDS = re.compile(rb',"(?:prompt_token_ids|token_ids)":(?:null|\[[0-9,]*\])|,"prompt_text":null')
@@ -90,13 +90,22 @@ class StreamLedger:
         self.body = body
         self.keep_ids = body.get("return_token_ids") is True  # the client asked for them itself
         self.prompt_ids: list[int] | None = None
-        self.sent: list[int] = []  # token ids passed on to the client
+        self._sent: list[int] = []  # token ids passed on to the client, as far as parsed
+        self._sent_unparsed: list[bytes] = []  # the rest, as the events spelt them (parsed on a break)
         self.finished = False  # a finish reason has been passed on: nothing is left to generate
         self.failed = False  # the engine sent an error event (held back, not passed on)
         self.usage_sent = False
         self.migrations = 0
         self._envelope: dict[str, Any] | None = None  # id, object, created, model of the first event
         self._held = b""
+
+    @property
+    def sent(self) -> list[int]:
+        """The token ids passed on to the client."""
+        if self._sent_unparsed:
+            self._sent += _ints(b",".join(g for g in self._sent_unparsed if g))
+            self._sent_unparsed.clear()
+        return self._sent
 
     @property
     def can_resume(self) -> bool:
@@ -124,8 +133,7 @@ class StreamLedger:
             self._envelope = {k: first.get(k) for k in ("id", "object", "created", "model")}
         if self.prompt_ids is None and (m := _PROMPT_IDS.search(data)):
             self.prompt_ids = _ints(m.group(1))
-        for m in _IDS.finditer(data):
-            self.sent += _ints(m.group(1))
+        self._sent_unparsed += _IDS.findall(data)
         self.finished = self.finished or _FINISHED.search(data) is not None
         self.usage_sent = self.usage_sent or _USAGE in data
         return data if self.keep_ids else _ID_FIELDS.sub(b"", data)
@@ -178,7 +186,7 @@ class StreamLedger:
         choices = []
         for c in event.get("choices") or ():
             ids = c.get("token_ids") or []
-            self.sent += ids
+            self.sent.extend(ids)
             self.finished = self.finished or c.get("finish_reason") is not None
             text = c.get("text") or ""
             if self.chat:
