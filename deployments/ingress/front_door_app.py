@@ -6,7 +6,7 @@
     gen = read_generation(path, body)                   # what the engine runs, as vLLM reads it: 400
     guard.charge(tenant, gen.most_tokens(...), doors)   # tenant rate limits, split over doors: 429
     ticket = await admission[model].enter(ask)          # queue or refuse: 429 / 503
-    for replica in choose(table.loads(model), route):   # the shared router, at most 2 tries
+    for replica in choose(table.loads(model), route):   # the shared router, 1 + migration_limit tries
         relay(..., tap, ledger)                         # retried only before the first byte
     resume(ledger, ...)                                 # a broken stream goes on elsewhere (migration.py)
     admission[model].leave(ticket)
@@ -49,7 +49,6 @@ log = logging.getLogger("hbmserve.frontdoor")
 # admission (the replica's cap too: replica_middleware.ADMITTED_PATHS).
 RUN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations", EMBEDDINGS})
 MODEL_PATHS = RUN_PATHS | {"/tokenize", "/detokenize"}
-ATTEMPTS = 2  # the first replica, and one retry elsewhere when the first failed before any byte
 REFUSED_PAUSE_S = 0.25  # between continuations that replicas refused (at their caps)
 REFUSED_TRIES = 20  # then the stream ends with an error: 5 s of survivors too full to take it
 
@@ -318,7 +317,10 @@ class FrontDoorApp:
         headers = upstream_headers(scope["headers"], self.token)
         tried: list[str] = []
         failure = "no active replica"
-        for _ in range(ATTEMPTS):
+        # The first replica, then others while replicas fail before any byte: once, or as many
+        # times as a broken stream may move (a reply not streamed starts over: none of it was sent).
+        attempts = 1 + max(1, self.spec.serve.migration_limit)
+        for _ in range(attempts):
             ranked = [rid for rid in self.route(self.table.loads(model), route).ranked if rid not in tried]
             replica = self.table.get(model, ranked[0]) if ranked else None
             if replica is None:
@@ -330,16 +332,16 @@ class FrontDoorApp:
             try:
                 done = await relay(self.session_of(), replica.endpoint.url + suffix, scope["method"], headers, raw,
                                    send, self.limits.first_byte_timeout_s, started, replica.endpoint.replica, tap,
-                                   ledger)
+                                   ledger, streams=replica.streams)
                 if done.left_open:
                     await self._resume(send, model, route, headers, tap, ledger, tried)
                 return
             except NotStarted as err:
                 failure = f"replica {replica.endpoint.replica} failed before answering ({err})"
-                log.warning("%s: %s; %s", model, failure, "retrying on another replica" if len(tried) < ATTEMPTS
+                log.warning("%s: %s; %s", model, failure, "retrying on another replica" if len(tried) < attempts
                             else "giving up")
                 self.table.mark_unreachable(model, replica.endpoint.replica)
-                if len(tried) < ATTEMPTS:
+                if len(tried) < attempts:
                     self.retried[model] = self.retried.get(model, 0) + 1
             except FirstByteTimeout:
                 await self._error(send, 504, f"replica {replica.endpoint.replica} of {model} sent nothing within "
@@ -369,7 +371,7 @@ class FrontDoorApp:
             try:
                 done = await relay(self.session_of(), replica.endpoint.url + "/v1/completions", "POST", headers,
                                    ledger.continuation_body(), send, self.limits.first_byte_timeout_s, loop.time(),
-                                   tap=tap, ledger=ledger, resumed=True)
+                                   tap=tap, ledger=ledger, resumed=True, streams=replica.streams)
             except Refused:
                 refusals += 1
                 await asyncio.sleep(REFUSED_PAUSE_S)

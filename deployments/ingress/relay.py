@@ -63,12 +63,14 @@ REPLICA_HEADER = b"x-hbmserve-replica"
 
 async def relay(session, url: str, method: str, headers: dict[str, str], body: bytes, send,
                 first_byte_timeout_s: float, started_at: float, replica: str = "",
-                tap: UsageTap | None = None, ledger: StreamLedger | None = None, resumed: bool = False) -> Relayed:
+                tap: UsageTap | None = None, ledger: StreamLedger | None = None, resumed: bool = False,
+                streams: set | None = None) -> Relayed:
     """Send the request to `url` and stream the reply to the ASGI `send`; the reply names the
     replica that served it (`x-hbmserve-replica`), for the client's and the operator's logs.
     `tap` reads the engine's usage on the way (usage_tap.py); `ledger` keeps a stream resumable
     (migration.py). `resumed`: the reply continues a response already started, so it sends no
-    status line; a continuation that is refused (not a 200) is a break."""
+    status line; a continuation that is refused (not a 200) is a break. `streams`: the replica's
+    set of replies in flight, which the replica table closes when it finds the replica gone."""
     import aiohttp
 
     broken = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError)
@@ -83,6 +85,8 @@ async def relay(session, url: str, method: str, headers: dict[str, str], body: b
         raise FirstByteTimeout() from None
     except broken as err:
         raise NotStarted(f"{type(err).__name__}: {err}") from None
+    if streams is not None:
+        streams.add(resp)
     try:
         chunks = resp.content.iter_any()
         try:
@@ -129,6 +133,8 @@ async def relay(session, url: str, method: str, headers: dict[str, str], body: b
         await send({"type": "http.response.body", "body": tap.finish()})
         return Relayed(resp.status, first_at, completed=True)
     finally:
+        if streams is not None:
+            streams.discard(resp)
         resp.release() if resp.content.at_eof() else resp.close()
 
 

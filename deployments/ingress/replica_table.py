@@ -9,7 +9,10 @@ Three sources, each refreshed by the front door's loops (front_door.py):
   autoscaler reads. Between polls the front door adds the requests it sent since, so a burst
   that arrives between two polls does not all land on the replica that looked idlest.
 A replica that fails a poll or a connection is out of rotation until a poll succeeds again:
-a dead replica or a removed node is routed around at once.
+a dead replica or a removed node is routed around at once. The streams it is serving are cut
+when it has failed every poll for `lost_after_s`, or when it leaves the endpoint list: a node
+that vanishes without closing its sockets would otherwise hold them until a timeout, and a cut
+stream goes on from another replica (migration.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ log = logging.getLogger("hbmserve.frontdoor")
 
 POLL_S = 0.1
 POLL_TIMEOUT_S = 1.0
+LOST_AFTER_S = 5.0  # failing polls this long: the replica is gone, its streams are cut
 # Prefix block hashes remembered per replica: the router's picture of its prefix cache (what it
 # sent there lately). 64-character blocks: 20k of them is ~1.3 MB of prompt text.
 PREFIX_MEMORY = 20_000
@@ -45,6 +49,14 @@ class KnownReplica:
     kv_usage: float = 0.0
     sent_since_poll: int = 0
     prefixes: RecentPrefixes = field(default_factory=lambda: RecentPrefixes(PREFIX_MEMORY))
+    unreachable_since: float | None = None  # loop time of the first poll failed in a row
+    streams: set = field(default_factory=set)  # the aiohttp replies being relayed from it now
+
+    def cut_streams(self) -> None:
+        """Close every reply being relayed from this replica: each relay sees a broken stream."""
+        for resp in list(self.streams):
+            resp.close()
+        self.streams.clear()
 
     def remember(self, hashes: tuple[int, ...]) -> None:
         self.prefixes.remember(hashes)
@@ -56,8 +68,9 @@ class KnownReplica:
 
 
 class ReplicaTable:
-    def __init__(self, models: list[str], autoscaled: set[str]):
+    def __init__(self, models: list[str], autoscaled: set[str], lost_after_s: float = LOST_AFTER_S):
         self.models = models
+        self.lost_after_s = lost_after_s
         self.autoscaled = autoscaled
         self.replicas: dict[str, dict[str, KnownReplica]] = {m: {} for m in models}
         self.doors = 1  # live front doors, this one included: they split each model's admission
@@ -72,11 +85,13 @@ class ReplicaTable:
         for model, eps in seen.items():
             table = self.replicas[model]
             for gone in set(table) - set(eps):
-                del table[gone]
+                table.pop(gone).cut_streams()
             decision = decisions.get(model)
             for rid, ep in eps.items():
                 r = table.get(rid)
                 if r is None or r.endpoint.url != ep.url:
+                    if r is not None:
+                        r.cut_streams()
                     r = table[rid] = KnownReplica(ep)
                 r.endpoint = ep
                 r.active = (model not in self.autoscaled or decision is None or rid in decision.active_replicas)
@@ -100,8 +115,14 @@ class ReplicaTable:
                 log.warning("replica %s of %s at %s stopped answering: out of rotation", r.endpoint.replica,
                             r.endpoint.model, r.endpoint.url)
             r.reachable = False
+            now = asyncio.get_running_loop().time()
+            r.unreachable_since = now if r.unreachable_since is None else r.unreachable_since
+            if r.streams and now - r.unreachable_since >= self.lost_after_s:
+                log.warning("replica %s of %s silent for %.0f s: cutting its %d streams", r.endpoint.replica,
+                            r.endpoint.model, now - r.unreachable_since, len(r.streams))
+                r.cut_streams()
             return
-        r.reachable = True
+        r.reachable, r.unreachable_since = True, None
         r.waiting, r.running, r.kv_usage = report.waiting, report.running, report.kv_usage
         r.sent_since_poll = 0
 

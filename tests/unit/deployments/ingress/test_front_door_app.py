@@ -41,8 +41,10 @@ class Door:
     """Sim replicas of model `m` on loopback, the app in front, an httpx client on the app."""
 
     def __init__(self, replicas: int = 2, dead: int = 0, ring=None, limits: BodyLimits = BodyLimits(),
-                 poll: bool = True, wire=None, cluster=None):
+                 poll: bool = True, wire=None, cluster=None, front=None, lost_after_s: float = 5.0):
         self.spec = cluster or spec()
+        self.front = front  # async (urls) -> the urls the door knows, e.g. behind a test proxy
+        self.lost_after_s = lost_after_s
         self.n, self.dead, self.ring, self.limits, self.poll = replicas, dead, ring, limits, poll
         self.wire = wire  # (door) -> FrontDoorApp keyword arguments, as FrontDoor.__init__ injects them
 
@@ -51,7 +53,9 @@ class Door:
         self.servers = [SimHttpServer(model, "127.0.0.1", replica_budget(model), TOKEN) for _ in range(self.n)]
         urls = [await s.start() for s in self.servers]
         urls += [f"http://127.0.0.1:{_closed_port()}" for _ in range(self.dead)]
-        self.table = ReplicaTable(["m", "other"], set())
+        if self.front is not None:
+            urls = await self.front(urls)
+        self.table = ReplicaTable(["m", "other"], set(), self.lost_after_s)
         eps = [ReplicaEndpoint(app="m", deployment="engine-m", replica=f"r{i}", model="m", url=u, node_id="n",
                                at=0.0) for i, u in enumerate(urls)]
         self.table.update(eps, {})

@@ -130,10 +130,10 @@ async def _kill_when_streaming(d: Door, after_s: float = 0.1) -> int:
     return victim
 
 
-def _stream(d: Door, path: str, **kw):
+def _stream(d: Door, path: str, tokens: int = TOKENS, **kw):
     body = ({"model": "m", "messages": [{"role": "user", "content": "go on"}]} if path.endswith("chat/completions")
             else {"model": "m", "prompt": "go on"})
-    return d.client.post(path, json={**body, "max_tokens": TOKENS, "stream": True, **kw})
+    return d.client.post(path, json={**body, "max_tokens": tokens, "stream": True, **kw})
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
@@ -204,3 +204,57 @@ def test_a_stream_that_breaks_on_every_replica_ends_with_one_error_naming_the_li
     assert [e for e in events if "error" in e][0]["error"]["message"].endswith(
         "failed mid-stream 2 times (migration limit 1); the reply is incomplete")
     assert failed == {"m": 1}
+
+
+class _Freezer:
+    """TCP relays in front of the replicas; a frozen one passes nothing more either way and
+    answers no new connection: a node gone silent, its sockets never closed."""
+
+    def __init__(self):
+        self.frozen: dict[int, asyncio.Event] = {}
+        self.servers = []
+
+    async def front(self, urls: list[str]) -> list[str]:
+        out = []
+        for i, url in enumerate(urls):
+            port, frozen = int(url.rsplit(":", 1)[1]), self.frozen.setdefault(i, asyncio.Event())
+
+            async def pipe(reader, writer, frozen):
+                while not frozen.is_set() and (data := await reader.read(65536)):
+                    if frozen.is_set():
+                        break
+                    writer.write(data)
+                await frozen.wait()
+
+            async def handle(reader, writer, port=port, frozen=frozen):
+                if frozen.is_set():
+                    await asyncio.sleep(3600)
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+                await asyncio.gather(pipe(reader, up_writer, frozen), pipe(up_reader, writer, frozen))
+
+            self.servers.append(await asyncio.start_server(handle, "127.0.0.1", 0))
+            out.append(f"http://127.0.0.1:{self.servers[-1].sockets[0].getsockname()[1]}")
+        return out
+
+
+def test_a_replica_gone_silent_has_its_streams_cut_and_moved_once_it_is_lost():
+    freezer = _Freezer()
+
+    async def go():
+        async with Door(cluster=spec(SLOW), front=freezer.front, lost_after_s=1.0) as d:
+            async def freeze_the_streaming_one():
+                while not any(d.table.get("m", f"r{i}").streams for i in range(2)):
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.05)
+                freezer.frozen[next(i for i in range(2) if d.table.get("m", f"r{i}").streams)].set()
+
+            t0 = asyncio.get_running_loop().time()
+            reply, _ = await asyncio.gather(_stream(d, "/v1/completions", 1000), freeze_the_streaming_one())
+            took = asyncio.get_running_loop().time() - t0
+            for server in freezer.servers:
+                server.close()
+            return reply, d.app.migrated, took
+
+    reply, migrated, took = run(go())
+    assert "".join(e["choices"][0]["text"] for e in _events(reply.content) if e.get("choices")) == filler_text(1000)
+    assert migrated == {"m": 1} and took < 10  # poll timeout (1 s) + lost_after_s (1 s) + the rest
