@@ -15,7 +15,8 @@ stays fixed.
 Replica life cycle: STARTING (start-up delay of its tier) -> ACTIVE -> DRAINING (takes no new
 requests, finishes what it holds) -> removed. STANDBY replicas wait at a tier (HOT, WARM) and are
 promoted, fastest tier first, when the policy asks for more active replicas. A replica is billed
-from the moment its start-up begins until it is removed, standby included.
+from the moment its start-up begins until it is removed, standby included. `faults` loses
+replicas at given times; their requests go on elsewhere and pay their re-prefill (faults.py).
 """
 
 from __future__ import annotations
@@ -24,84 +25,36 @@ import dataclasses
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 
 from hbmserve.autoscale.roles import VictimCandidate, scale_down_victims
-from hbmserve.core.config import SloSeconds
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
 from hbmserve.core.routing import PrefixSource, ReplicaLoad, RouteRequest, Router
 from hbmserve.routing.choose import choose
 
 from hbmserve.capacity.traces.arrivals import Arrivals
-from hbmserve.capacity.perf.engine_core import EngineConfig, EngineCore, Plan, SimRequest
-from hbmserve.capacity.perf.perf_model import Deployment, StepCostModel, cost_model
-from hbmserve.capacity.perf.scenario import Scenario
+from hbmserve.capacity.perf.engine_core import EngineCore, SimRequest
+from hbmserve.capacity.perf.perf_model import StepCostModel, cost_model
+# PolicyBinding, SimCluster and cluster_for are what callers hand `simulate`: importable from here.
+from hbmserve.capacity.sim.cluster_parts import PolicyBinding, SimCluster, _Replica, cluster_for  # noqa: F401
+from hbmserve.capacity.sim.faults import ReplicaFaults, orphans
 from hbmserve.capacity.sim.kv_view import SimKvView
 from hbmserve.capacity.sim.metrics import SimResult
 from hbmserve.capacity.sim.run_result import result_of
 
-Policy = Callable[[Snapshot, Any], tuple[ScaleDecision, Any]]
-
-DEFAULT_STARTUP_S: Mapping[Tier, float] = {Tier.HOT: 5.0, Tier.WARM: 60.0, Tier.COLD: 600.0}
-_STEP, _READY, _TICK, _SAMPLE = 0, 1, 2, 3
-
-
-@dataclass(frozen=True)
-class PolicyBinding:
-    policy: Policy
-    initial_state: Any = None
-    interval_s: float = 10.0
-    lookback_s: float = 30.0
-    startup_s: Mapping[Tier, float] = field(default_factory=lambda: dict(DEFAULT_STARTUP_S))
-    initial_standby: Mapping[Tier, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SimCluster:
-    deployment: Deployment
-    engine: EngineConfig
-    replicas: int
-    slo: SloSeconds = SloSeconds()
-    usd_per_gpu_hour: float | None = None  # None: the deployment GPU's catalog price
-
-
-def cluster_for(sc: Scenario, replicas: int | None = None) -> SimCluster:
-    """The simulated cluster a config entry stands for (capacity/perf/scenario.py): its deployment,
-    engine, SLO and price; `replicas` at start (default: the entry's)."""
-    return SimCluster(sc.deployment, sc.engine, sc.replicas if replicas is None else replicas,
-                      SloSeconds(sc.slo_ttft_s, sc.slo_tpot_s), sc.usd_per_gpu_hour)
-
-
-class _Replica:
-    __slots__ = ("rid", "seq", "state", "tier", "engine", "created", "ready_at", "removed", "plan",
-                 "plan_start", "epoch", "ready_epoch", "served", "ordered")
-
-    def __init__(self, seq: int, state: ReplicaState, engine: EngineCore, now: float, ready_at: float,
-                 tier: Tier | None = None) -> None:
-        self.rid, self.seq = f"r{seq}", seq  # seq: creation order, larger is newer
-        self.state, self.engine, self.tier = state, engine, tier
-        self.created, self.ready_at = now, ready_at
-        self.removed: float | None = None
-        self.plan: Plan | None = None
-        self.plan_start = 0.0
-        # Events carry the epoch they were pushed at; a newer one voids them. Steps and
-        # readiness count apart: a demoted replica still finishing its work may be promoted
-        # back, and neither its step in flight nor its new start-up may void the other.
-        self.epoch = 0
-        self.ready_epoch = 0
-        self.served = state is ReplicaState.ACTIVE  # has been routed to
-        self.ordered = True  # started by the policy, not part of the fleet at t=0
+_STEP, _READY, _TICK, _SAMPLE, _FAULT = 0, 1, 2, 3, 4
 
 
 class _Run:
     def __init__(self, spec: SimCluster, arrivals: Arrivals, policy: PolicyBinding | None,
                  router: Router, sample_s: float, max_drain_s: float, stats_interval_s: float = 0.0,
-                 prefix_source: PrefixSource = PrefixSource.EVENTS, kv_event_lag_s: float = 0.0) -> None:
+                 prefix_source: PrefixSource = PrefixSource.EVENTS, kv_event_lag_s: float = 0.0,
+                 faults: ReplicaFaults | None = None) -> None:
         self.spec, self.arr, self.pb, self.router = spec, arrivals, policy, router
+        self.faults = faults
+        self.migrated = 0  # requests a lost replica held, moved to another
         self.stats_interval_s = stats_interval_s
         eng = spec.engine
         self.engine_cfg = dataclasses.replace(
@@ -240,6 +193,27 @@ class _Run:
         rep.plan = None
         self.start(rep, now)
 
+    def on_fault(self, now: float) -> None:
+        """The busiest active replica is lost (faults.py): the steps it finished stand, the one
+        under way is lost, and every request it held goes on from another replica."""
+        if not self.active:
+            return
+        rep = max(self.active, key=lambda r: (r.engine.num_running + r.engine.num_waiting, -r.seq))
+        plan = rep.plan
+        if plan is not None:
+            done = int(np.searchsorted(plan.cumulative, now - rep.plan_start, side="right"))
+            if done:
+                plan.durations, plan.cumulative = plan.durations[:done], plan.cumulative[:done]
+                self.on_step(rep, rep.plan_start + float(plan.cumulative[-1]))
+        moved = orphans(rep.engine)
+        if rep.removed is None:
+            self.remove(rep, now)
+        self.migrated += len(moved)
+        if self.pb is None:
+            self.new_replica(ReplicaState.STARTING, now, now + self.faults.restart_s, Tier.COLD).ordered = False
+        for r in moved:
+            self.route(r, now)
+
     # ---- policy ----
     def snapshot(self, now: float) -> Snapshot:
         lb = self.pb.lookback_s if self.pb else 30.0
@@ -365,6 +339,8 @@ class _Run:
                     self.new_replica(ReplicaState.STANDBY, 0.0, 0.0, tier).ordered = False
             self.push(0.0, _TICK)
         self.push(0.0, _SAMPLE)
+        for at in self.faults.at_s if self.faults else ():
+            self.push(at, _FAULT)
         deadline = (float(t[-1]) if n else 0.0) + self.max_drain_s
         i, now = 0, 0.0
         while True:
@@ -388,6 +364,8 @@ class _Run:
             elif kind == _READY:
                 if rep is not None and rep.ready_epoch == epoch and rep.removed is None:
                     self.on_ready(rep, now)
+            elif kind == _FAULT:
+                self.on_fault(now)
             elif kind == _TICK:
                 self.on_tick(now)
                 self.push(now + self.pb.interval_s, _TICK)  # type: ignore[union-attr]
@@ -400,9 +378,10 @@ class _Run:
 def simulate(spec: SimCluster, arrivals: Arrivals, policy: PolicyBinding | None = None,
              router: Router = choose, sample_s: float = 1.0, max_drain_s: float = 3600.0,
              stats_interval_s: float = 0.0, prefix_source: PrefixSource = PrefixSource.EVENTS,
-             kv_event_lag_s: float = 0.0) -> SimResult:
-    """Replay `arrivals` through the cluster; pure apart from CPU time (no I/O, no wall clock)."""
+             kv_event_lag_s: float = 0.0, faults: ReplicaFaults | None = None) -> SimResult:
+    """Replay `arrivals` through the cluster; pure apart from CPU time (no I/O, no wall clock).
+    `faults`: replicas lost during the run (faults.py)."""
     run = _Run(spec, arrivals, policy, router, sample_s, max_drain_s, stats_interval_s, prefix_source,
-               kv_event_lag_s)
+               kv_event_lag_s, faults)
     end = run.run()
     return result_of(run, end)

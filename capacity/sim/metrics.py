@@ -115,6 +115,8 @@ class SimResult:
     met_slo: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     # Replicas the policy started (active or standby) and removed before they ever served.
     cancelled_starts: int = 0
+    # Requests a lost replica held that went on from another (capacity/sim/faults.py).
+    migrated: int = 0
 
 
 def request_latencies(arrival: np.ndarray, first: np.ndarray, finish: np.ndarray,

@@ -48,7 +48,8 @@ def result_of(run: _Run, end: float) -> SimResult:
     met[np.fromiter((r.rid for r in done), np.int64, len(done))] = meets_slo(
         ttft, tpot, run.spec.slo.ttft_s, run.spec.slo.tpot_s)
     return SimResult(summary, _timeseries(run, series, arrival, first, finish), tuple(run.decisions),
-                     stats, RequestTimes(arrival, first, finish, output), met, run.cancelled_starts)
+                     stats, RequestTimes(arrival, first, finish, output), met, run.cancelled_starts,
+                     run.migrated)
 
 
 def _timeseries(run: _Run, series: np.ndarray, arrival: np.ndarray, first: np.ndarray,
