@@ -359,7 +359,7 @@ class FrontDoorApp:
         limit of replicas that break; one whose cap refuses the continuation is asked again
         after a pause. Ends the client's response either way."""
         loop = asyncio.get_running_loop()
-        limit, refusals, done = self.spec.serve.migration_limit, 0, None
+        limit, refusals = self.spec.serve.migration_limit, 0
         self.table.mark_unreachable(model, tried[-1])
         while ledger.migrations < limit and refusals < REFUSED_TRIES:
             ranked = [rid for rid in self.route(self.table.loads(model), route).ranked if rid not in tried]
@@ -377,22 +377,18 @@ class FrontDoorApp:
                 await asyncio.sleep(REFUSED_PAUSE_S)
                 continue
             except (NotStarted, FirstByteTimeout) as err:
-                ledger.migrations += 1
-                tried.append(name)
                 log.warning("%s: a continuation on replica %s failed (%s)", model, name, err)
-                self.table.mark_unreachable(model, name)
-                continue
+                done = None
             ledger.migrations += 1
             tried.append(name)
-            if done.completed:
+            if done is not None and done.completed:
                 self.migrated[model] = self.migrated.get(model, 0) + 1
                 log.info("%s: a stream went on from replica %s, %d tokens in all", model, name, len(ledger.sent))
                 return
-            if not done.left_open:  # ended by relay with an error event: not resumable any more
-                break
+            if done is not None and not done.left_open:  # relay ended it with an error event
+                self.migration_failed[model] = self.migration_failed.get(model, 0) + 1
+                return
             self.table.mark_unreachable(model, name)
         self.migration_failed[model] = self.migration_failed.get(model, 0) + 1
-        if done is not None and not done.completed and not done.left_open:
-            return  # relay has ended the response
         await end_broken(send, tap, True, f"the replicas serving this request failed mid-stream "
                          f"{ledger.migrations + 1} times (migration limit {limit}); the reply is incomplete")

@@ -29,6 +29,7 @@ import re
 from typing import Any
 
 from hbmserve.deployments.ingress.request_body import Generation
+from hbmserve.deployments.ingress.usage_tap import whole_events
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -112,10 +113,7 @@ class StreamLedger:
         return not self.finished and self.prompt_ids is not None and self._envelope is not None
 
     def _whole_events(self, chunk: bytes) -> bytes:
-        data = self._held + chunk
-        end = data.rfind(_EVENT_END)
-        end = 0 if end < 0 else end + len(_EVENT_END)
-        data, self._held = data[:end], data[end:]
+        data, self._held = whole_events(self._held, chunk)
         if _ERROR_EVENT in data:  # what came before the error goes on; the error and after, not
             data = data[:data.index(_ERROR_EVENT)]
             self.failed, self._held = True, b""

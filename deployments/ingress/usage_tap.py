@@ -52,6 +52,14 @@ def with_usage_asked(raw: bytes, body: dict[str, Any], gen: Generation) -> bytes
     return raw[:start] + b'"stream_options":{"include_usage":true},' + raw[start:]
 
 
+def whole_events(held: bytes, chunk: bytes) -> tuple[bytes, bytes]:
+    """(the whole server-sent events of `held` + `chunk`, the unfinished event after them)."""
+    data = held + chunk
+    end = data.rfind(_EVENT_END)
+    end = 0 if end < 0 else end + len(_EVENT_END)
+    return data[:end], data[end:]
+
+
 def _usage_in(text: bytes) -> Usage | None:
     at = text.rfind(_USAGE)
     if at < 0:
@@ -95,10 +103,7 @@ class UsageTap:
             self._remember(chunk)
             self.events += chunk.count(b"data: ")
             return chunk
-        data = self._held + chunk
-        end = data.rfind(_EVENT_END)
-        end = 0 if end < 0 else end + len(_EVENT_END)
-        data, self._held = data[:end], data[end:]  # a usage key may straddle two chunks
+        data, self._held = whole_events(self._held, chunk)  # a usage key may straddle two chunks
         if _USAGE in data:
             events = data.split(_EVENT_END)
             for event in events:

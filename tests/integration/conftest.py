@@ -24,6 +24,16 @@ TEST_PORT = 18000  # not 8000: leave a developer's own `make serve` alone
 EAGER = "{enforce_eager: true}"
 
 
+def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
+    """Terminate, then kill what does not exit within `timeout_s`."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def run_cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """`env` is the whole environment when given (default: this process's)."""
     return subprocess.run([HBMSERVE, *args], capture_output=True, text=True, timeout=timeout,

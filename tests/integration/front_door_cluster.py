@@ -1,6 +1,12 @@
-"""The cluster tests/integration/test_front_door.py serves: its config, keys and tenants."""
+"""The cluster tests/integration/test_front_door.py serves: its config, keys and tenants, and the
+long streams its fault tests run through it."""
 
 from __future__ import annotations
+
+import json
+import threading
+
+import httpx
 
 from hbmserve.core.config import parse_cluster_spec
 
@@ -35,3 +41,28 @@ def keys_text(team_c_key: str) -> str:
     return (f"tenants:\n  - {{name: team-a, keys: ['{KEY_A}'], priority: 1}}\n"
             f"  - {{name: team-b, keys: ['{KEY_B}'], requests_per_minute: 600}}\n"
             f"  - {{name: team-c, keys: ['{team_c_key}'], tokens_per_minute: {C_TOKENS_PER_MINUTE}}}\n")
+
+
+class Started(threading.Event):
+    """Set once a stream has sent a few tokens; `replica` names the replica it started on."""
+
+    replica = ""
+
+
+def stream_text(url: str, tokens: int, started: Started | None = None) -> tuple[str, bool, str]:
+    """One long streamed completion: (its text, whether it ended with [DONE], its replica)."""
+    body = {"model": "sim-a", "prompt": "a long answer", "max_tokens": tokens, "stream": True}
+    text, done = "", False
+    with httpx.Client(timeout=60) as c, c.stream("POST", f"{url}/v1/completions", headers=A, json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                event = json.loads(line[6:])
+                assert "error" not in event, event
+                text += "".join(c["text"] for c in event["choices"])
+                if started is not None and len(text) > 40:
+                    started.replica = r.headers["x-hbmserve-replica"]
+                    started.set()
+        return text, done, r.headers["x-hbmserve-replica"]

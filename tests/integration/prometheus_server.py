@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from tests.integration.conftest import stop_process
+
 import httpx
 import pytest
 
@@ -88,9 +90,4 @@ def prometheus_server(targets: list[str], workdir: Path, doors: list[str] = (), 
             time.sleep(0.2)
         yield Prometheus(url)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 20)

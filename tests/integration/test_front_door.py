@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +22,7 @@ import pytest
 from hbmserve.cluster import ray_cluster as rc
 from hbmserve.deployments.replica.sim_protocol import filler_text
 from tests.integration.front_door_cluster import (ADMIN, ADMIN_H, C_TOKENS_PER_MINUTE, KEY_A, KEY_B, KEY_C, KEY_D,
-                                                  PORT, A, keys_text, cluster_spec)
+                                                  PORT, A, Started, keys_text, cluster_spec, stream_text)
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[cpu]')")
 
@@ -323,31 +322,6 @@ def _routable(door_url: str, model: str) -> int:
     return next(t["routable"] for t in info["models"] if t["model"] == model)
 
 
-class Started(threading.Event):
-    """Set once a stream has sent a few tokens; `replica` names the replica it started on."""
-
-    replica = ""
-
-
-def _stream_text(url: str, tokens: int, started: Started | None = None) -> tuple[str, bool, str]:
-    """One long streamed completion: (its text, whether it ended with [DONE], its replica)."""
-    body = {"model": "sim-a", "prompt": "a long answer", "max_tokens": tokens, "stream": True}
-    text, done = "", False
-    with httpx.Client(timeout=60) as c, c.stream("POST", f"{url}/v1/completions", headers=A, json=body) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line == "data: [DONE]":
-                done = True
-            elif line.startswith("data: "):
-                event = json.loads(line[6:])
-                assert "error" not in event, event
-                text += "".join(c["text"] for c in event["choices"])
-                if started is not None and len(text) > 40:
-                    started.replica = r.headers["x-hbmserve-replica"]
-                    started.set()
-        return text, done, r.headers["x-hbmserve-replica"]
-
-
 def _migrated() -> int:
     return sum(t.migrated for d in _doors() for t in d.models if t.model == "sim-a")
 
@@ -363,7 +337,7 @@ def test_worker_node_removed_streams_go_on_and_the_service_answers_at_once(clust
     # Six long streams over both replicas (4 running a replica at most), the node removed under them.
     migrated_before, started = _migrated(), [Started() for _ in range(6)]
     with ThreadPoolExecutor(6) as pool:
-        streams = [pool.submit(_stream_text, head_door.own_url, 600, e) for e in started]
+        streams = [pool.submit(stream_text, head_door.own_url, 600, e) for e in started]
         assert all(e.wait(30) for e in started)
         c.remove_node(victim)
         t0, codes, first_error = time.monotonic(), [], None
@@ -396,7 +370,7 @@ def test_replica_killed_mid_stream_the_stream_goes_on_from_the_other(cluster):
     assert min(everywhere()) == 2, everywhere()
     migrated_before, started = _migrated(), Started()
     with ThreadPoolExecutor(1) as pool:
-        stream = pool.submit(_stream_text, url, 1500, started)
+        stream = pool.submit(stream_text, url, 1500, started)
         assert started.wait(30)
         ray.kill(_actor_of(started.replica), no_restart=False)  # the replica process dies mid-stream
         text, done, _ = stream.result(timeout=120)

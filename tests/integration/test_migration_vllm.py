@@ -28,6 +28,7 @@ from hbmserve.deployments.ingress.front_door_access import AccessGuard
 from hbmserve.deployments.ingress.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission
 from hbmserve.deployments.ingress.replica_table import ReplicaTable
+from tests.integration.conftest import stop_process
 
 pytestmark = pytest.mark.integration
 MODEL = "m"
@@ -61,12 +62,7 @@ def vllm_url(tiny_model_dir):
             time.sleep(1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 30)
 
 
 async def _cutting_proxy(upstream_port: int, cut_after: int) -> asyncio.Server:
