@@ -16,6 +16,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from hbmserve.cli.rollout_view import print_rollouts, update_running
 from hbmserve.cli.user_errors import EXIT_FAILED, fail
 from hbmserve.cluster.checks import load_deployable, slo_findings
 from hbmserve.cluster.tiny_model import TinyModelShape
@@ -267,7 +268,8 @@ def deploy(
         rc.connect(None)
     except rc.ClusterError as e:
         raise fail(str(e), EXIT_FAILED) from None
-    _print_endpoints(spec, _deploy(spec), None)
+    url = update_running(spec, err, out)  # only what changed rolls; the front doors stay up
+    _print_endpoints(spec, {m.name: url for m in spec.models} if url else _deploy(spec), None)
 
 
 def ray_env() -> None:
@@ -296,12 +298,13 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         targets = rc.metrics_targets()
         doors = rc.door_metrics_targets()
         warm = rc.warm_tier()
+        rollouts = rc.rollouts()
     except rc.ClusterError as e:
         raise fail(str(e), EXIT_FAILED) from None
     if as_json:
         # "warm_tier" only while the warm-tier aggregator runs (some model keeps a warm pool).
         print(json.dumps({"cluster": address, "metrics_targets": targets, "door_metrics_targets": doors,
-                          "models": [m.to_dict() for m in models],
+                          "models": [m.to_dict() for m in models], "rollouts": [r.to_dict() for r in rollouts],
                           **({"warm_tier": warm.to_dict()} if warm else {})}))
         return
     table = Table(title=f"hbmserve on {address}")
@@ -319,6 +322,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         out.print(f"warm tier: {len(warm.bundles)} bundles asked of the node autoscaler"
                   f"{'' if warm.node_autoscaler else ' (none runs)'}; {warm.reason}; prefetched "
                   f"{len(ok)} model(s) onto {len({p.node_id for p in ok})} node(s)", highlight=False)
+    print_rollouts(out, rollouts)
     for m in models:
         out.print(f"[bold]{m.name}[/] {_figures(m)}", highlight=False, soft_wrap=True)
         if m.autoscale:

@@ -13,6 +13,7 @@ from hbmserve.core.config import ClusterSpec
 from hbmserve.cluster.status_figures import LatencyVsSlo, latency_vs_slo, status_roles, usd_per_hour
 from hbmserve.core.records import (DecisionRecord, IngressInfo, ModelTraffic, PlacementReport, Record, RecordError,
                                    ReplicaInfo, ReplicaRoles, WarmTierRecord)
+from hbmserve.core.rollout_records import DeployedRecord, RolloutRecord
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.deployments.wire.names import FRONT_DOOR_APP, FRONT_DOOR_DEPLOYMENT, WARM_TIER_APP, engine_deployment_name
 
@@ -72,6 +73,7 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
     from hbmserve.deployments.apps.service_apps import build_front_door_app
     from hbmserve.deployments.ingress.front_door_access import AccessConfigError, load_key_ring
     from hbmserve.deployments.apps.model_app import build_model_app, unsupported_engines
+    from hbmserve.deployments.wire.records_store import publish_deployed
 
     problems = unsupported_engines(spec)
     if problems:
@@ -83,6 +85,9 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
     plans = _placement_plans(spec)  # before Serve starts: an infeasible plan deploys nothing
     # No Serve proxy: the front door carries the bytes (deployments/ingress/front_door.py says why).
     serve.start(proxy_location="Disabled", http_options={"host": spec.serve.http.host})
+    # A model removed, or a version a rollout left (`<model>@2`): its GPUs go to what deploys now.
+    for name in set(serve.status().applications) - {m.name for m in spec.models} - {FRONT_DOOR_APP, WARM_TIER_APP}:
+        serve.delete(name)
     # Proves the front door to the replicas; new per deploy, so every app deployed now uses it.
     token = secrets.token_urlsafe(32)
     for m in spec.models:
@@ -105,6 +110,9 @@ def deploy(spec: ClusterSpec) -> dict[str, str]:
         raise ClusterError(f"the front door failed to start: {err}") from None
     with _closing(handle):
         url = _wait_serving(spec, handle, timeout_s=600)
+    # What the next deploy compares against to roll only what changed (cluster/rolling_deploy.py).
+    publish_deployed(DeployedRecord(spec_json=spec.model_dump_json(), internal_token=token,
+                                    apps={m.name: m.name for m in spec.models}, at=time.time()))
     return {m.name: url for m in spec.models}
 
 
@@ -301,7 +309,8 @@ def _status() -> list[ModelStatus]:
         # an unplanned model's engine deployment has.
         scopes = [engine_deployment_name(name), *app.deployments]
         decisions = [d for d in (latest_decision(name, dep) for dep in scopes) if d]
-        traffic = tuple(t for d in doors for t in d.models if t.model == name)
+        model = name.partition("@")[0]  # a rollout's new version runs as `<model>@<n>` (cluster/rolling_deploy.py)
+        traffic = tuple(t for d in doors for t in d.models if t.model == model)
         decision = decisions[0] if decisions else None
         infos = list(seen.values())
         out.append(ModelStatus(name, str(getattr(app.status, "value", app.status)), replicas, endpoints,
@@ -319,6 +328,13 @@ def warm_tier() -> WarmTierRecord | None:
         return latest_warm_tier()
     except RecordError as err:
         raise ClusterError(str(err)) from None
+
+
+def rollouts() -> list[RolloutRecord]:
+    """Each model's last rollout (cluster/rolling_deploy.py), running or ended."""
+    from hbmserve.deployments.wire.records_store import rollouts as read
+
+    return read()
 
 
 def metrics_targets() -> list[str]:
@@ -339,4 +355,7 @@ def door_metrics_targets() -> list[str]:
 def undeploy_all() -> None:
     from ray import serve
 
+    from hbmserve.deployments.wire.records_store import forget_deployed
+
+    forget_deployed()
     serve.shutdown()

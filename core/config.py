@@ -179,6 +179,16 @@ class AuthSpec(_Strict):
     admin_token_file: Annotated[str, Field(min_length=1)] | None = None
 
 
+class RolloutSpec(_Strict):
+    """How `hbmserve deploy` rolls a model whose section changed (autoscale/rollout.py)."""
+
+    # Replicas a rollout may run beyond the model's fleet. 0: no GPU beyond the fleet's, so an
+    # old replica drains before each new one starts (a lone replica leaves a gap).
+    max_surge: Annotated[int, Field(ge=0, le=64)] = 0
+    # A new replica not serving this long after it was asked for rolls the model back.
+    ready_timeout_s: Annotated[float, Field(gt=0, le=7200)] = 900.0
+
+
 class ServeSpec(_Strict):
     http: HttpSpec = HttpSpec()
     # Unset: no auth, every path open. Set: every path but /health needs a key (fails closed).
@@ -189,6 +199,7 @@ class ServeSpec(_Strict):
     # How many times one stream may move to another replica when its replica dies mid-stream
     # (deployments/ingress/migration.py); 0: a broken stream ends with an SSE error event.
     migration_limit: Annotated[int, Field(ge=0, le=10)] = 3
+    rollout: RolloutSpec = RolloutSpec()
     # Ray dashboard port for `hbmserve up`.
     dashboard_port: Annotated[int, Field(ge=1, le=65535)] = 8265
     # Where the head `hbmserve up` starts listens. Loopback (the default): every Ray port on

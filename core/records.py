@@ -259,6 +259,8 @@ class ReplicaEndpoint(Record):
     # address so that a front door, which reaches replicas over HTTP only, can draw the placement
     # map (deployments/ingress/dashboard.py). None: not planned. Added with the ops dashboard.
     placement: PlacementReport | None = None
+    # Stopping: the front doors send it nothing new and let its streams finish (added with rollouts).
+    draining: bool = False
 
     def fresh(self, now: float, ttl_s: float) -> bool:
         return now - self.at <= ttl_s

@@ -5,6 +5,8 @@ model's engine can be built here before anything deploys.
 
 from __future__ import annotations
 
+import hashlib
+
 from hbmserve.deployments.apps.options import model_options
 from hbmserve.core.config import ClusterSpec, ModelSpec
 from hbmserve.core.engine_settings import EngineKind
@@ -38,10 +40,18 @@ def _sim_scenario_problems(spec: ClusterSpec) -> list[str]:
     return problems
 
 
-def build_model_app(spec: ClusterSpec, model: ModelSpec, internal_token: str):
+def build_model_app(spec: ClusterSpec, model: ModelSpec, internal_token: str, replicas: int | None = None):
     """The model's Serve application: its engine deployment. A model that may scale to zero
-    needs nothing more: the front door holds its requests while no replica is active."""
+    needs nothing more: the front door holds its requests while no replica is active.
+    `replicas` overrides a fixed model's count alone (a rollout's step), so that Serve sees a
+    lightweight change and restarts no replica."""
     from ray import serve
 
-    deployment = serve.deployment(EngineReplica, **model_options(model).serve_kwargs())
-    return deployment.bind(model.model_dump_json(), spec.serve.http.host, internal_token, spec.cache.model_dump_json())
+    kwargs = model_options(model).serve_kwargs()
+    deployment = serve.deployment(EngineReplica, **kwargs | ({} if replicas is None else {"num_replicas": replicas}))
+    args = (model.model_dump_json(), spec.serve.http.host, internal_token, spec.cache.model_dump_json())
+    # A version named by what the replicas are built from: without one, `serve.run` gives each
+    # call a random version and restarts every replica even when only the count changed.
+    # (`version` is an internal option of Serve's since the public argument was removed.)
+    version = hashlib.sha256("\0".join(args).encode()).hexdigest()[:16]
+    return deployment.options(version=version, _internal=True).bind(*args)

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 
+from hbmserve.autoscale.rollout import deploy_changes
 from hbmserve.core.config import ClusterSpec
 from hbmserve.core.records import DoorEndpoint, IngressInfo, ModelTraffic
 from hbmserve.deployments.ingress.door_metrics import door_families, local_replicas, node_metrics
@@ -32,8 +33,8 @@ from hbmserve.deployments.ingress.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission
 from hbmserve.deployments.ingress.gpu_metrics import GpuCollector
 from hbmserve.deployments.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
-from hbmserve.deployments.wire.records_store import (RENEW_S, info_reply, latest_decision, live_doors, live_endpoints,
-                                                 publish_demand, publish_door, remove_door)
+from hbmserve.deployments.wire.records_store import (RENEW_S, info_reply, latest_decision, latest_deployed, live_doors,
+                                                     live_endpoints, publish_demand, publish_door, remove_door)
 from hbmserve.deployments.ingress.replica_table import POLL_S, ReplicaTable
 from hbmserve.deployments.wire.names import engine_deployment_name
 
@@ -47,7 +48,7 @@ class FrontDoor:
         import aiohttp
         import ray
 
-        self.spec = ClusterSpec.model_validate_json(spec_json)
+        self.spec, self._spec_json = ClusterSpec.model_validate_json(spec_json), spec_json
         http = self.spec.serve.http
         auth = self.spec.serve.auth
         self.keys = KeyFiles(auth) if auth is not None else None
@@ -100,11 +101,28 @@ class FrontDoor:
         def read():
             decisions = {m.name: latest_decision(m.name, engine_deployment_name(m))
                          for m in self.spec.models if m.autoscaling is not None}
-            return live_endpoints(), decisions, live_doors()
+            return live_endpoints(), decisions, live_doors(), latest_deployed()
 
-        endpoints, decisions, doors = await asyncio.to_thread(read)
+        endpoints, decisions, doors, deployed = await asyncio.to_thread(read)
         self.table.update(endpoints, decisions)
         self.table.doors = max(1, len(doors))
+        if deployed is not None and deployed.spec_json != self._spec_json:
+            self._adopt(deployed.spec_json)
+
+    def _adopt(self, spec_json: str) -> None:
+        """Take the model sections a rollout finished (cluster/rolling_deploy.py publishes them
+        once every replica runs the new version): admission, /v1/models and prices follow the
+        new engine settings without restarting this door. Any other change is a full redeploy,
+        which replaces this door anyway."""
+        spec, self._spec_json = ClusterSpec.model_validate_json(spec_json), spec_json
+        if deploy_changes(self.spec, spec).full_reason is not None:
+            return
+        changed = [m.name for m in spec.models if m != self.spec.model(m.name)]
+        self.spec = self.app.spec = self.dashboard.spec = spec
+        for m in spec.models:
+            self.admission[m.name].model = m
+        self.prices = self.dashboard.prices = {m.name: replica_usd_per_hour(m) for m in spec.models}
+        log.info("front door took the new section of %s", ", ".join(changed) or "no model")
 
     async def _reload_keys(self) -> None:
         await reload_keys(self.keys, self.guard)

@@ -10,7 +10,8 @@ Three sources, each refreshed by the front door's loops (front_door.py):
   that arrives between two polls does not all land on the replica that looked idlest.
 A replica that fails a poll or a connection is out of rotation until a poll succeeds again:
 a dead replica or a removed node is routed around at once. The streams it is serving are cut
-when it has failed every poll for `lost_after_s`, or when it leaves the endpoint list: a node
+when it has failed every poll for `lost_after_s` (unless it announced that it drains), or when
+it leaves the endpoint list: a node
 that vanishes without closing its sockets would otherwise hold them until a timeout, and a cut
 stream goes on from another replica (migration.py).
 """
@@ -94,7 +95,8 @@ class ReplicaTable:
                         r.cut_streams()
                     r = table[rid] = KnownReplica(ep)
                 r.endpoint = ep
-                r.active = (model not in self.autoscaled or decision is None or rid in decision.active_replicas)
+                r.active = not ep.draining and (model not in self.autoscaled or decision is None
+                                                or rid in decision.active_replicas)
 
     async def poll(self, session, token: str) -> None:
         """Every known replica's load report, concurrently."""
@@ -117,7 +119,9 @@ class ReplicaTable:
             r.reachable = False
             now = asyncio.get_running_loop().time()
             r.unreachable_since = now if r.unreachable_since is None else r.unreachable_since
-            if r.streams and now - r.unreachable_since >= self.lost_after_s:
+            # A draining replica stops answering polls while its streams go on: they are cut
+            # only if its announcement lapses (it died mid-drain).
+            if r.streams and not r.endpoint.draining and now - r.unreachable_since >= self.lost_after_s:
                 log.warning("replica %s of %s silent for %.0f s: cutting its %d streams", r.endpoint.replica,
                             r.endpoint.model, now - r.unreachable_since, len(r.streams))
                 r.cut_streams()

@@ -195,11 +195,15 @@ class EngineReplica:
             raise RuntimeError(f"engine for {self.model.name}: {self.standby_sleep.failed}")
 
     async def __del__(self) -> None:
-        self._announce.cancel()
-        # Withdraw first, so the front doors stop routing here while in-flight requests drain.
-        await asyncio.to_thread(remove_endpoint, self.endpoint)
+        # Draining first: the front doors stop routing here but keep relaying its streams, which
+        # end here or, past the drain timeout, move on by migration. The announcement is renewed
+        # as draining through the drain and withdrawn once it is over.
+        self.endpoint = ReplicaEndpoint(**{**self.endpoint.__dict__, "at": time.time(), "draining": True})
+        await asyncio.to_thread(publish_endpoint, self.endpoint)
         # The sleep loop runs on through the drain: a request held while asleep still wakes it.
         await self.server.stop()
+        self._announce.cancel()
+        await asyncio.to_thread(remove_endpoint, self.endpoint)
         if self._sleep_loop is not None:
             self._sleep_loop.cancel()
         if self.weights:

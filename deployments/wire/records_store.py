@@ -23,6 +23,9 @@
 * The warm tier: KV key `warm-tier`, renewed by the cluster's one aggregator
   (deployments/control/warm_tier.py, `publish_warm_tier`), read by the policy and status
   (`latest_warm_tier`, None once stale: the aggregator stopped).
+* The deployment itself (core/rollout_records.py): KV key `deployed`, written by each deploy and
+  rollout step (`publish_deployed`, `latest_deployed`); a model's rollout under
+  `rollout/<model>`, kept after it ends (`publish_rollout`, `rollouts`).
 * `ReplicaInfo` / `IngressInfo`: what an engine replica's or front door's `info()` answers over
   a Serve handle. Plain JSON data on the wire (`info_reply`), not pickled classes, so that a
   caller and a replica of different versions still understand each other; typed again by
@@ -41,6 +44,7 @@ from typing import Any
 
 from hbmserve.core.records import (DecisionRecord, DoorEndpoint, IngressDemand, IngressInfo, RecordError, ReplicaEndpoint,
                                    ReplicaInfo, ReplicaRoles, SlotStats, WarmTierRecord)
+from hbmserve.core.rollout_records import DeployedRecord, RolloutRecord
 from hbmserve.core.scaling import Tier
 
 KV_NAMESPACE = "hbmserve"
@@ -292,6 +296,46 @@ def latest_warm_tier(now: float | None = None) -> WarmTierRecord | None:
     record = WarmTierRecord.from_json(raw, source=f"Ray KV {KV_NAMESPACE}/{WARM_TIER_KEY}") if raw else None
     now = time.time() if now is None else now
     return record if record is not None and now - record.at <= TTL_S else None
+
+
+DEPLOYED_KEY = "deployed"
+
+
+def publish_deployed(record: DeployedRecord) -> None:
+    _kv()._internal_kv_put(DEPLOYED_KEY, record.to_json(), overwrite=True, namespace=KV_NAMESPACE)
+
+
+def latest_deployed() -> DeployedRecord | None:
+    """What the last deploy left, None before the first (or after `down`)."""
+    raw = _kv()._internal_kv_get(DEPLOYED_KEY, namespace=KV_NAMESPACE)
+    return DeployedRecord.from_json(raw, source=f"Ray KV {KV_NAMESPACE}/{DEPLOYED_KEY}") if raw else None
+
+
+def forget_deployed() -> None:
+    kv = _kv()
+    kv._internal_kv_del(DEPLOYED_KEY, namespace=KV_NAMESPACE)
+    kv._internal_kv_del("rollout/", del_by_prefix=True, namespace=KV_NAMESPACE)
+
+
+def publish_rollout(record: RolloutRecord) -> None:
+    _kv()._internal_kv_put(f"rollout/{record.model}", record.to_json(), overwrite=True, namespace=KV_NAMESPACE)
+
+
+def rollouts() -> list[RolloutRecord]:
+    """Each model's last rollout, running or ended (malformed ones skipped); none outside Ray."""
+    kv = _kv()
+    if not kv._internal_kv_initialized():
+        return []
+    out = []
+    for key in kv._internal_kv_list("rollout/", namespace=KV_NAMESPACE):
+        raw = kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+        if not raw:
+            continue
+        try:
+            out.append(RolloutRecord.from_json(raw, source=f"Ray KV {KV_NAMESPACE}/{key!r}"))
+        except RecordError:
+            continue
+    return sorted(out, key=lambda r: r.model)
 
 
 def info_reply(info: ReplicaInfo | IngressInfo) -> dict[str, Any]:

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -57,9 +59,12 @@ def spec(speedup: float, port: int):
                     "engine_settings": {"max_model_len": 4096, "max_num_seqs": 8}}]})
 
 
-async def _client(http: httpx.AsyncClient, url: str, tokens: int, stop_at: float, tally: Tally) -> None:
+async def stream_client(http: httpx.AsyncClient, url: str, tokens: int, stop_at: float, tally: Tally,
+                        model: str = MODEL) -> None:
+    """Streams completions one after another until `stop_at`, checking each whole (the simulated
+    engine's words are known) into `tally`."""
     want = filler_text(tokens)
-    body = {"model": MODEL, "prompt": "chaos", "max_tokens": tokens, "stream": True}
+    body = {"model": model, "prompt": "chaos", "max_tokens": tokens, "stream": True}
     while time.monotonic() < stop_at:
         tally.sent += 1
         text, done, gaps, last, error = "", False, [], None, None
@@ -137,24 +142,49 @@ async def _load_and_chaos(c, workers, url: str, args) -> tuple[Tally, list[dict]
     stop_at = time.monotonic() + args.warmup_s + args.duration_s
     limits = httpx.Limits(max_connections=args.clients * 2)
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-        clients = [asyncio.ensure_future(_client(http, url, args.tokens, stop_at, tally)) for _ in range(args.clients)]
+        clients = [asyncio.ensure_future(stream_client(http, url, args.tokens, stop_at, tally)) for _ in range(args.clients)]
         events = await _chaos(c, workers, args.warmup_s, args.duration_s, args.kill_every_s, args.seed)
         await asyncio.gather(*clients)
     return tally, events
 
 
-def run(args) -> dict:
+@contextlib.contextmanager
+def local_cluster(workers: int = 0, **head_args):
+    """A Ray cluster on this machine (a head and `workers` one-CPU raylets), this process
+    connected; Serve, the connection and the raylets stopped after, whatever happened."""
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster
 
     from hbmserve.cluster import ray_cluster as rc
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    c = Cluster(initialize_head=True, head_node_args={"include_dashboard": False, **head_args})
     try:
-        workers = [c.add_node(num_cpus=1) for _ in range(2)]
+        nodes = [c.add_node(num_cpus=1) for _ in range(workers)]
         c.wait_for_nodes(timeout=60)
         rc.connect(c.address)
+        yield c, nodes
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            c.shutdown()
+
+
+def save(result: dict, out: str | None) -> None:
+    """Print the result as JSON, and write it to `out` too when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
+
+
+def run(args) -> dict:
+    from hbmserve.cluster import ray_cluster as rc
+
+    with local_cluster(workers=2, num_cpus=1) as (c, workers):
         print("deploying 4 simulated replicas over 3 nodes ...", file=sys.stderr)
         rc.deploy(spec(args.speedup, args.port))
         head_door = next(d for d in rc.front_doors() if d.node_id == c.head_node.node_id)
@@ -162,12 +192,6 @@ def run(args) -> dict:
               file=sys.stderr)
         tally, events = asyncio.run(_load_and_chaos(c, workers, head_door.own_url, args))
         counts = _door_counts(rc)
-    finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
-            c.shutdown()
     # The streams that moved are the ones with the longest gap: the door counts them, and the
     # client's longest gaps, that many, are their breaks (the rest is ordinary jitter).
     worst = sorted(tally.worst_gap_s)
@@ -202,14 +226,7 @@ def main_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = main_args(argv)
-    result = run(args)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        from pathlib import Path
-
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    save(run(args), args.out)
 
 
 if __name__ == "__main__":

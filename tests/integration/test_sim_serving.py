@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -148,10 +149,34 @@ def test_job_submit_deploys_config_from_working_dir(sim_served, tmp_path, venv_b
     assert r.returncode == 0, out
     assert "succeeded" in out.lower()
     assert f"serving {MODEL} at {sim_served['url']}/v1" in out
-    # The deployment the job made serves on the same endpoint.
+    # The same config again: nothing restarts, and the deployment serves on the same endpoint.
+    assert f"unchanged, left running: {MODEL}" in out
     resp = httpx.post(f"{sim_served['url']}/v1/completions", timeout=60,
                       json={"model": MODEL, "prompt": "hello", "max_tokens": 3})
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_changed_model_section_rolls_replica_by_replica_as_the_readme_says(sim_served, cli, tmp_path):
+    """`hbmserve deploy` of an edited config onto the running cluster: the model rolls to a new
+    version one replica at a time within its 3 replicas, the front door stays, and status says so."""
+    changed = tmp_path / "cluster.yaml"
+    changed.write_text(sim_served["config"].read_text().replace("speedup: 20", "speedup: 25")
+                       .replace("max_model_len: 4096", "max_model_len: 3072"))
+    r = cli("deploy", str(changed), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{MODEL} rollout {MODEL} -> {MODEL}@2: rolled to {MODEL}@2" in r.stdout
+    assert f"at most 3 replicas held (fleet {REPLICAS})" in r.stdout
+    assert f"serving {MODEL} at {sim_served['url']}/v1" in r.stdout
+    (rollout,) = json.loads(cli("status", "--json", timeout=120).stdout)["rollouts"]
+    assert rollout["phase"] == "done" and [s["new_replicas"] for s in rollout["steps"]][-1] == REPLICAS
+    resp = httpx.post(f"{sim_served['url']}/v1/completions", timeout=60,
+                      json={"model": MODEL, "prompt": "hello", "max_tokens": 3})
+    assert resp.status_code == 200 and resp.headers["x-hbmserve-replica"]
+    # The front door, never restarted, takes the new section once the rollout is done.
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{sim_served['url']}/v1/models", timeout=10).json()["data"][0]["max_model_len"] != 3072:
+        assert time.monotonic() < deadline, "the front door kept the old max_model_len"
+        time.sleep(0.2)
 
 
 def test_no_port_the_default_up_opened_takes_an_unauthenticated_ray_call(sim_served):

@@ -22,4 +22,6 @@ def started(monkeypatch) -> list[str]:
     monkeypatch.setattr(serve_cli, "_ensure_local_models", lambda spec: calls.append("models"))
     monkeypatch.setattr(serve_cli, "_deploy", lambda spec: calls.append("deploy") or
                         {m.name: "http://127.0.0.1:1" for m in spec.models})
+    # `deploy` first asks whether only some models changed; here nothing is deployed yet.
+    monkeypatch.setattr(serve_cli, "update_running", lambda spec, err, out: None)
     return calls

@@ -51,6 +51,7 @@ def cli(monkeypatch):
     monkeypatch.setattr(rc, "status", models)
     monkeypatch.setattr(rc, "metrics_targets", lambda: ["127.0.0.1:8080"])
     monkeypatch.setattr(rc, "door_metrics_targets", lambda: ["127.0.0.1:41234"])
+    monkeypatch.setattr(rc, "rollouts", lambda: [])
     app = typer.Typer()
     register(app)
 
@@ -92,7 +93,7 @@ def test_status_json_keeps_its_shape(cli):
         "latency": {"ttft_p95_s": 0.25, "tpot_p95_s": 0.15, "slo_ttft_p95_s": 2.0, "slo_tpot_p95_s": 0.1,
                     "requests": 40},
         "roles": {"starting": 1, "active": 1, "standby": 1, "draining": 0, "warm": 2},
-        "usd_per_hour": 6.0}]}
+        "usd_per_hour": 6.0}], "rollouts": []}
 
 
 def test_status_json_reads_back_into_the_same_records(cli):
@@ -120,3 +121,17 @@ def test_a_malformed_record_is_a_cluster_error_the_cli_prints(monkeypatch):
     monkeypatch.setattr(rc, "_status", broken)
     with pytest.raises(rc.ClusterError, match="field 'reason' is missing"):
         rc.status()
+
+
+def test_a_rollout_shows_in_status_with_its_last_step(cli, monkeypatch):
+    from hbmserve.core.rollout_records import RolloutRecord, RolloutStep
+
+    step = RolloutStep(at=1010.0, old_replicas=1, new_replicas=1, old_running=1, new_ready=0,
+                       reason="waiting for 1 new replica(s) to serve (4 s of 900 s)")
+    record = RolloutRecord(model="sleepy", from_app="sleepy", to_app="sleepy@2", phase="rolling", started_at=1000.0,
+                           at=1012.0, target=2, max_in_use=2, reason=step.reason, steps=(step,))
+    monkeypatch.setattr(rc, "rollouts", lambda: [record])
+    assert ("sleepy rollout sleepy -> sleepy@2: rolling (12 s so far); at most 2 replicas held (fleet 2); 1 steps; "
+            "last: waiting for 1 new replica(s) to serve (4 s of 900 s)") in cli()
+    (printed,) = json.loads(cli("--json"))["rollouts"]
+    assert RolloutRecord.from_dict(printed) == record
