@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hbmserve.core.records import DecisionRecord, PlacementReport, Record, ReplicaRoles
+from hbmserve.core.rollout_records import RolloutRecord
 from hbmserve.placement.topology import ClusterTopology
 
 # Samples kept by each front door: 300 x SAMPLE_S = 10 minutes of history.
@@ -146,6 +147,7 @@ class DashboardSnapshot(Record):
     current: tuple[LoggedDecision, ...]  # each autoscaled model's latest decision (every tick)
     decisions: tuple[LoggedDecision, ...]  # the plan changes, newest first
     placement: PlacementMap
+    rollouts: tuple[RolloutRecord, ...] = ()  # each model's last rollout (cluster/rolling_deploy.py)
 
 
 def _role(replica: str, decision: DecisionRecord | None) -> str:
@@ -214,7 +216,7 @@ def placement_map(models: tuple[ModelInputs, ...], topology: ClusterTopology | N
 
 def build_snapshot(now: float, door: str, doors: int, auth: bool, history: tuple[DashboardSample, ...],
                    models: tuple[ModelInputs, ...], logs: dict[str, tuple[DecisionRecord, ...]],
-                   topology: ClusterTopology | None) -> DashboardSnapshot:
+                   topology: ClusterTopology | None, rollouts: tuple[RolloutRecord, ...] = ()) -> DashboardSnapshot:
     """`logs`: each autoscaled model's plan changes (records_store.recent_decisions), oldest first."""
     logged = sorted((LoggedDecision(model=name, decision=d) for name, ds in logs.items() for d in ds),
                     key=lambda e: e.decision.at, reverse=True)
@@ -223,4 +225,4 @@ def build_snapshot(now: float, door: str, doors: int, auth: bool, history: tuple
         slo=tuple(ModelSlo(model=m.model, ttft_p95_s=m.ttft_slo_s, tpot_p95_s=m.tpot_slo_s) for m in models),
         history=history,
         current=tuple(LoggedDecision(model=m.model, decision=m.decision) for m in models if m.decision is not None),
-        decisions=tuple(logged[:DECISIONS_SHOWN]), placement=placement_map(models, topology))
+        decisions=tuple(logged[:DECISIONS_SHOWN]), placement=placement_map(models, topology), rollouts=rollouts)

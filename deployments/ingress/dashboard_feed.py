@@ -27,6 +27,7 @@ from typing import Any, Callable
 from hbmserve.autoscale.signals import p95
 from hbmserve.core.config import ClusterSpec
 from hbmserve.core.records import DecisionRecord
+from hbmserve.core.rollout_records import RolloutRecord
 from hbmserve.deployments.ingress.dashboard import (HISTORY, ClientLatency, DashboardSample, DashboardSnapshot,
                                             ModelInputs, ReplicaView, build_sample, build_snapshot)
 from hbmserve.deployments.wire.http import openai_error, request_lengths
@@ -162,6 +163,7 @@ class DashboardFeed:
         self.topology = _topology(spec)
         self.decisions: dict[str, DecisionRecord | None] = {}
         self.logs: dict[str, tuple[DecisionRecord, ...]] = {}
+        self.rollouts: tuple[RolloutRecord, ...] = ()
         self.pages = {path: (_page_file(name), kind) for path, (name, kind) in _ASSETS.items()}
 
     def watch(self, model: str, send, arrived_at: float, request_bytes: int):
@@ -169,15 +171,15 @@ class DashboardFeed:
 
     async def refresh(self) -> None:
         """Read the autoscaler's records (blocking KV reads, off the loop), then take a sample."""
-        from hbmserve.deployments.wire.records_store import latest_decision, recent_decisions
+        from hbmserve.deployments.wire.records_store import latest_decision, recent_decisions, rollouts
         from hbmserve.deployments.wire.names import engine_deployment_name
 
         def read():
             scaled = [m for m in self.spec.models if m.autoscaling is not None]
             return ({m.name: latest_decision(m.name, engine_deployment_name(m)) for m in scaled},
-                    {m.name: recent_decisions(m.name, engine_deployment_name(m)) for m in scaled})
+                    {m.name: recent_decisions(m.name, engine_deployment_name(m)) for m in scaled}, tuple(rollouts()))
 
-        self.decisions, self.logs = await asyncio.to_thread(read)
+        self.decisions, self.logs, self.rollouts = await asyncio.to_thread(read)
         self.ring.push(build_sample(time.time(), self.inputs()))
 
     def inputs(self) -> tuple[ModelInputs, ...]:
@@ -199,7 +201,7 @@ class DashboardFeed:
     def snapshot(self) -> DashboardSnapshot:
         door, doors, auth = self.door_of()
         return build_snapshot(time.time(), door, doors, auth, self.ring.samples(), self.inputs(), self.logs,
-                              self.topology)
+                              self.topology, self.rollouts)
 
     def messages(self, method: str, path: str) -> tuple[dict, dict]:
         """The reply to a dashboard path (the front door has already checked its credential)."""

@@ -164,6 +164,7 @@ def test_the_dashboard_shows_live_charts_the_decision_log_and_the_placement_map(
 
         _wait(scaled_and_measured, 45, "two active sim-auto replicas and latency at the door")
         print(f"scaled up and measured {time.monotonic() - t0:.1f} s after the load started")
+        rollout = _published_rollout()
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
@@ -174,6 +175,7 @@ def test_the_dashboard_shows_live_charts_the_decision_log_and_the_placement_map(
                 page.wait_for_function(
                     "[...document.querySelectorAll('svg[data-chart]')].every(s => Number(s.dataset.points) > 0)",
                     timeout=15_000)
+                page.wait_for_selector('.rollout[data-model="sim-placed"]', timeout=15_000)
                 points = {c: int(page.get_attribute(f'svg[data-chart="{c}"]', "data-points")) for c in CHARTS}
                 print(f"every chart drawn {time.monotonic() - t0:.1f} s after the load started: {points}")
                 status = _status_json()
@@ -208,7 +210,26 @@ def test_the_dashboard_shows_live_charts_the_decision_log_and_the_placement_map(
     assert dom["cells"] == expected
     roles = {m: sorted(r["role"] for r in s["replica_stats"]) for m, s in status.items()}
     assert dom["roles"] == roles
+    # The rollout record, as the rolling deploy writes it, shown step by step.
+    assert dom["rollouts"] == {"sim-placed": ["done", "sim-placed@2",
+                                              [[s.old_replicas, s.new_replicas] for s in rollout.steps]]}
     assert time.monotonic() - t0 < 75
+
+
+def _published_rollout():
+    """A finished two-step rollout of sim-placed, written where a rolling deploy writes it."""
+    from hbmserve.core.rollout_records import RolloutRecord, RolloutStep
+    from hbmserve.deployments.wire.records_store import publish_rollout
+
+    now = time.time()
+    steps = (RolloutStep(at=now - 9, old_replicas=1, new_replicas=0, old_running=2, new_ready=0,
+                         reason="draining an old replica to free its GPUs for a new one"),
+             RolloutStep(at=now - 6, old_replicas=1, new_replicas=1, old_running=1, new_ready=0,
+                         reason="starting 1 new replica(s) in free places (1 of 2 in use)"))
+    record = RolloutRecord(model="sim-placed", from_app="sim-placed", to_app="sim-placed@2", phase="done",
+                           started_at=now - 10, at=now, target=2, max_in_use=2, reason=steps[-1].reason, steps=steps)
+    publish_rollout(record)
+    return record
 
 
 def _dom(page) -> dict:
@@ -224,9 +245,13 @@ def _dom(page) -> dict:
                                                Number(c.dataset.planIndex), c.dataset.verified === 'true']);
         for (const r of document.querySelectorAll('#replicas tbody tr'))
             (roles[r.dataset.model] ??= []).push(r.dataset.role);
-        return {current, log, cells, roles};
+        const rollouts = {};
+        for (const r of document.querySelectorAll('.rollout'))
+            rollouts[r.dataset.model] = [r.dataset.phase, r.dataset.to,
+                [...r.querySelectorAll('tbody tr')].map((t) => [Number(t.dataset.old), Number(t.dataset.new)])];
+        return {current, log, cells, roles, rollouts};
     }""")
     return {"current": {m: (t, set(a)) for m, (t, a) in raw["current"].items()},
             "log": {m: [tuple(e) for e in entries] for m, entries in raw["log"].items()},
             "cells": {(n, g): (rank, plan, ok) for n, g, rank, plan, ok in raw["cells"]},
-            "roles": {m: sorted(r) for m, r in raw["roles"].items()}}
+            "roles": {m: sorted(r) for m, r in raw["roles"].items()}, "rollouts": raw["rollouts"]}

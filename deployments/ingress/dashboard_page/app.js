@@ -116,6 +116,30 @@ function drawDecisions(snap) {
   }));
 }
 
+function drawRollouts(snap) {
+  if (!snap.rollouts.length) return;
+  $("#rollouts").replaceChildren(...snap.rollouts.map((r) => {
+    const box = el("div", { class: "rollout", "data-model": r.model, "data-phase": r.phase, "data-to": r.to_app });
+    const took = Math.round(r.at - r.started_at);
+    box.append(el("b", {}, `${r.model}: ${r.from_app} → ${r.to_app}, ${r.phase.replace("_", " ")} (${took} s; ` +
+      `at most ${r.max_in_use} of ${r.target} replicas held)`));
+    const head = el("tr");
+    head.append(...["time", "old replicas", "new replicas", "reason"].map((h) => el("th", {}, h)));
+    const table = el("table"), body = el("tbody");
+    table.append(el("thead"), body);
+    table.tHead.append(head);
+    for (const s of r.steps) {
+      const tr = el("tr", { "data-old": s.old_replicas, "data-new": s.new_replicas });
+      tr.append(el("td", {}, new Date(s.at * 1000).toLocaleTimeString()), el("td", {}, String(s.old_replicas)),
+        el("td", {}, String(s.new_replicas)), el("td", { class: "reason" }, s.reason));
+      body.append(tr);
+    }
+    table.append(body);
+    box.append(table);
+    return box;
+  }));
+}
+
 function verdict(v) {
   if (v === null || v === undefined) return el("span", { class: "muted" }, "not planned");
   return v ? el("span", { class: "ok" }, "✓ verified") : el("span", { class: "bad" }, "✗ crossed");
@@ -162,6 +186,7 @@ function render(snap) {
   document.body.dataset.snapshotAt = String(snap.at);
   drawCharts(snap);
   drawDecisions(snap);
+  drawRollouts(snap);
   drawPlacement(snap);
 }
 
