@@ -103,6 +103,42 @@ def _roll_back(s: RolloutSnapshot, now: float) -> RolloutDecision:
 
 
 @dataclass(frozen=True)
+class InPlaceSnapshot:
+    """An autoscaled model that Serve updates in place (its policy and standbys stay with its one
+    application): how far Serve has got."""
+
+    # Serve's application status (DEPLOYING, RUNNING, DEPLOY_FAILED, UNHEALTHY), read after the hand-over
+    # returned: Serve's controller sets the new target, DEPLOYING, before the deploy call returns.
+    app_state: str
+    failure: str | None  # Serve's message when the app failed
+    since: float  # when the new version was handed to Serve (monotonic)
+    ready_timeout_s: float
+    rolling_back: bool = False  # the old version was handed back: waiting for it to run
+
+
+def decide_in_place(s: InPlaceSnapshot, now: float) -> RolloutDecision:
+    """The next step of an in-place update. Serve replaces the replicas itself (no surge GPU:
+    an old replica stops, draining, before its replacement starts), and on a version whose
+    replicas keep failing it stops the update with the old replicas still running; handing the
+    old version back to Serve then restores the fleet. Counts are not asked here (-1)."""
+    waited = now - s.since
+    if s.rolling_back:
+        if s.app_state == "RUNNING":
+            return RolloutDecision(-1, -1, RolloutPhase.ROLLED_BACK, "the old version runs on every replica again")
+        return RolloutDecision(-1, -1, RolloutPhase.ROLLING_BACK, "waiting for Serve to restore the old version")
+    if s.app_state in ("DEPLOY_FAILED", "UNHEALTHY"):
+        return RolloutDecision(-1, -1, RolloutPhase.ROLLING_BACK, f"rolling back: {s.failure or s.app_state}")
+    if waited > s.ready_timeout_s:
+        return RolloutDecision(-1, -1, RolloutPhase.ROLLING_BACK,
+                               f"rolling back: Serve had not finished the update {waited:.0f} s after it began "
+                               f"(ready_timeout_s {s.ready_timeout_s:.0f})")
+    if s.app_state == "RUNNING":
+        return RolloutDecision(-1, -1, RolloutPhase.DONE, "every replica runs the new version (updated in place by Serve)")
+    return RolloutDecision(-1, -1, RolloutPhase.ROLLING,
+                           f"Serve is replacing the replicas one by one (ready_timeout_s {s.ready_timeout_s:.0f})")
+
+
+@dataclass(frozen=True)
 class DeployChanges:
     """What a deploy onto a running cluster changes, and so how it is carried out."""
 

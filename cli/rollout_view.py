@@ -33,8 +33,6 @@ def update_running(spec: ClusterSpec, err: Console, out: Console) -> str | None:
         return None
     for r in result.rollouts:
         out.print(rollout_line(r), highlight=False, soft_wrap=True)
-    for name in result.in_place:
-        out.print(f"{name}: updated in place by Serve (an autoscaled model keeps its one application)")
     if result.unchanged:
         out.print(f"unchanged, left running: {', '.join(result.unchanged)}", highlight=False)
     err.print(f"deployed in {time.monotonic() - t0:.0f} s; front doors at {result.url}", style="dim",
@@ -51,7 +49,8 @@ def _why(r: RolloutRecord) -> str:
 
 def rollout_line(r: RolloutRecord) -> str:
     took = r.at - r.started_at
-    verdict = {"done": f"rolled to {r.to_app} in {took:.0f} s", "rolled_back": f"[red]rolled back[/] after {took:.0f} s",
+    done = f"updated in place by Serve in {took:.0f} s" if r.from_app == r.to_app else f"rolled to {r.to_app} in {took:.0f} s"
+    verdict = {"done": done, "rolled_back": f"[red]rolled back[/] after {took:.0f} s",
                }.get(r.phase, f"{r.phase.replace('_', ' ')} ({took:.0f} s so far)")
     return (f"[bold]{r.model}[/] rollout {r.from_app} -> {r.to_app}: {verdict}; at most {r.max_in_use} replicas "
             f"held (fleet {r.target}); {len(r.steps)} steps; last: {r.reason}")

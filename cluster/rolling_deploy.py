@@ -9,10 +9,11 @@ doors and every unchanged model alone (autoscale/rollout.py `deploy_changes`):
   route to both, since they route by model. Each step's counts come from
   autoscale/rollout.py `decide`, which keeps both versions within the old fleet plus
   `serve.rollout.max_surge`, and rolls back a new version that fails. Serve's own in-place
-  rolling update (`max_surge_percent`) does not roll back: a broken version is retried while the
-  old replicas it stopped stay gone.
-* a changed autoscaled model is updated in place by Serve (its policy and standbys stay with the
-  one application it has).
+  rolling update stops at a broken version but does not roll back: the old replicas it
+  stopped stay gone until the next deploy.
+* a changed autoscaled model is updated in place by Serve, so that its policy and standbys stay
+  with the one application it has (`update_in_place`); if the new version fails, the old one is
+  handed back to Serve, which restores the replicas it replaced.
 
 Anything else redeploys everything, as the first deploy does (ray_cluster.deploy).
 """
@@ -104,8 +105,7 @@ def _ask(v: _Version, token: str, replicas: int) -> None:
         if serve.status().applications.get(v.app) is not None:
             serve.delete(v.app, _blocking=False)
     else:
-        app = build_model_app(v.spec, v.model, token, replicas=replicas)
-        serve._run(app, name=v.app, route_prefix=None, _blocking=False)  # noqa: SLF001 - the public run waits
+        serve_run(build_model_app(v.spec, v.model, token, replicas=replicas), v.app)
     v.asked = replicas
 
 
@@ -179,6 +179,67 @@ def roll_model(deployed: DeployedRecord, new_spec: ClusterSpec, name: str,
         time.sleep(POLL_S)
 
 
+def _app_state(app: str) -> tuple[str, str | None]:
+    """The application's status and failure message (None unless it failed)."""
+    from ray import serve
+
+    status = serve.status().applications.get(app)
+    if status is None:
+        return "NOT_STARTED", None
+    state = str(getattr(status.status, "value", status.status))
+    messages = [d.message for d in status.deployments.values() if d.message] + [status.message or state]
+    return state, _summary(messages[0]) if state in ("DEPLOY_FAILED", "UNHEALTHY") else None
+
+
+def update_in_place(deployed: DeployedRecord, new_spec: ClusterSpec, name: str,
+                    on_step: Callable[[RolloutRecord], None]) -> RolloutRecord:
+    """Hand an autoscaled model's new version to Serve, which replaces its replicas in its one
+    application; hand the old version back if the new one fails (autoscale/rollout.py
+    `decide_in_place`). Returns the ended record."""
+    from hbmserve.autoscale.rollout import InPlaceSnapshot, decide_in_place
+    from hbmserve.deployments.apps.model_app import build_model_app
+
+    old_spec = ClusterSpec.model_validate_json(deployed.spec_json)
+    app = deployed.apps.get(name, name)
+    model = new_spec.model(name)
+    wall = time.time()
+    record = RolloutRecord(model=name, from_app=app, to_app=app, phase=RolloutPhase.ROLLING.value, started_at=wall,
+                           at=wall, target=_actors(app, model), max_in_use=_actors(app, model),
+                           reason="updating in place")
+
+    def hand_over(spec: ClusterSpec) -> None:
+        serve_run(build_model_app(spec, spec.model(name), deployed.internal_token), app)
+
+    hand_over(new_spec)
+    since, rolling_back, reason = time.monotonic(), False, None
+    while True:
+        state, failure = _app_state(app)
+        d = decide_in_place(InPlaceSnapshot(app_state=state, failure=failure, since=since,
+                                            ready_timeout_s=new_spec.serve.rollout.ready_timeout_s,
+                                            rolling_back=rolling_back), time.monotonic())
+        record = replace(record, phase=d.phase.value, at=time.time(), reason=d.reason,
+                         max_in_use=max(record.max_in_use, _actors(app, model)))
+        if d.reason != reason:
+            reason = d.reason
+            record = replace(record, steps=(*record.steps, RolloutStep(
+                at=record.at, old_replicas=-1, new_replicas=-1, old_running=-1, new_ready=-1, reason=d.reason)))
+            log.info("in-place update of %s: %s", name, d.reason)
+            on_step(record)
+        if d.phase in (RolloutPhase.DONE, RolloutPhase.ROLLED_BACK):
+            return record
+        if d.phase is RolloutPhase.ROLLING_BACK and not rolling_back:
+            hand_over(old_spec)
+            since, rolling_back = time.monotonic(), True
+        time.sleep(POLL_S)
+
+
+def serve_run(application, app: str) -> None:
+    """Deploy without waiting for it to run: the rollout watches it itself."""
+    from ray import serve
+
+    serve._run(application, name=app, route_prefix=None, _blocking=False)  # noqa: SLF001 - the public run waits
+
+
 @dataclass(frozen=True)
 class UpdateResult:
     """What a deploy onto a running cluster did."""
@@ -200,7 +261,6 @@ def update(spec: ClusterSpec, on_step: Callable[[RolloutRecord], None]) -> Updat
 
     from hbmserve.autoscale.rollout import deploy_changes
     from hbmserve.cluster.ray_cluster import _deploy_warm_tier, front_doors
-    from hbmserve.deployments.apps.model_app import build_model_app
     from hbmserve.deployments.wire.names import FRONT_DOOR_APP
     from hbmserve.deployments.wire.records_store import latest_deployed, publish_deployed, publish_rollout
 
@@ -214,7 +274,7 @@ def update(spec: ClusterSpec, on_step: Callable[[RolloutRecord], None]) -> Updat
     changes = deploy_changes(old, spec)
     if changes.full_reason:
         return changes.full_reason
-    sections = {m.name: m for m in spec.models if m.name in changes.unchanged + changes.in_place}
+    sections = {m.name: m for m in spec.models if m.name in changes.unchanged}
 
     def publish(apps: dict[str, str]) -> DeployedRecord:
         """What is deployed now: the new sections of the models done, the old of the others."""
@@ -224,23 +284,18 @@ def update(spec: ClusterSpec, on_step: Callable[[RolloutRecord], None]) -> Updat
         publish_deployed(record)
         return record
 
-    for name in changes.in_place:
-        serve.run(build_model_app(spec, spec.model(name), deployed.internal_token),
-                  name=deployed.apps.get(name, name), route_prefix=None)
-    if changes.in_place:
-        _deploy_warm_tier(spec)
-    deployed = publish(dict(deployed.apps))
-
     def step(record: RolloutRecord) -> None:
         publish_rollout(record)
         on_step(record)
 
     done = []
-    for name in changes.roll:
-        record = roll_model(deployed, spec, name, step)
+    for name in changes.in_place + changes.roll:
+        record = (update_in_place if name in changes.in_place else roll_model)(deployed, spec, name, step)
         done.append(record)
         if record.phase == RolloutPhase.DONE.value:
             sections[name] = spec.model(name)
             deployed = publish({**deployed.apps, name: record.to_app})
+    if changes.in_place:  # the warm tier plans from the autoscaled models' sections
+        _deploy_warm_tier(ClusterSpec.model_validate_json(deployed.spec_json))
     doors = front_doors()
     return UpdateResult(doors[0].url if doors else "", tuple(done), changes.in_place, changes.unchanged)

@@ -12,6 +12,9 @@ engines that reserve one GPU each (Llama-3.1-8B on H100, `--speedup` times real 
 2. after a pause, a broken version (its weights source does not exist) is deployed: its replica
    never serves and the model rolls back to the version before.
 
+With `--autoscaled` the model is autoscaled (held at `--replicas`), so Serve updates it in
+place and the old version is handed back when the new one fails.
+
 Every 0.2 s a sampler counts the model's replicas in Serve (both versions, stopping ones
 included) and the GPUs Ray has handed out. Reported: sent / completed / failed, each rollout's
 steps on one timeline (seconds since the load began) with the replicas held and the requests
@@ -35,7 +38,8 @@ from hbmserve.ops.bench.chaos import Tally, local_cluster, save, stream_client
 MODEL = "sim-roll"
 
 
-def spec(speedup: float, port: int, replicas: int, broken: bool = False, ready_timeout_s: float = 60.0):
+def spec(speedup: float, port: int, replicas: int, broken: bool = False, ready_timeout_s: float = 60.0,
+         autoscaled: bool = False):
     from hbmserve.core.config import parse_cluster_spec
 
     sim = {"gpu": "h100-sxm", "model_config_name": "llama-3.1-8b", "speedup": speedup, "reserve_gpus": True,
@@ -45,7 +49,10 @@ def spec(speedup: float, port: int, replicas: int, broken: bool = False, ready_t
         "serve": {"http": {"host": "127.0.0.1", "port": port, "max_connections_per_client": 4096},
                   "rollout": {"ready_timeout_s": ready_timeout_s}},
         "models": [{"name": MODEL, "source": "/nonexistent/weights" if broken else "sim", "engine": "sim",
-                    "replicas": replicas, "sim": sim, "engine_settings": {"max_model_len": 4096, "max_num_seqs": 8}}]})
+                    "sim": sim, "engine_settings": {"max_model_len": 4096, "max_num_seqs": 8},
+                    # Autoscaled, held at the fleet's size: Serve updates it in place.
+                    **({"autoscaling": {"min_replicas": replicas, "max_replicas": replicas}} if autoscaled
+                       else {"replicas": replicas})}]})
 
 
 class Sampler(threading.Thread):
@@ -94,7 +101,7 @@ def run(args) -> dict:
     with local_cluster(num_cpus=2, num_gpus=args.replicas):
         print(f"deploying {args.replicas} simulated replicas, one GPU each, on {args.replicas} GPUs ...",
               file=sys.stderr)
-        url = rc.deploy(spec(args.speedup, args.port, args.replicas))[MODEL]
+        url = rc.deploy(spec(args.speedup, args.port, args.replicas, autoscaled=args.autoscaled))[MODEL]
         tally, stop = Tally(), asyncio.Event()
         t0, t0_wall = time.monotonic(), time.time()
         sampler = Sampler(t0, tally)
@@ -106,7 +113,7 @@ def run(args) -> dict:
             rollouts = []
             for broken in (False, True):
                 new = spec(args.speedup * 1.5, args.port, args.replicas, broken=broken,
-                           ready_timeout_s=args.ready_timeout_s)
+                           ready_timeout_s=args.ready_timeout_s, autoscaled=args.autoscaled)
                 done = await asyncio.to_thread(update, new, lambda r: print(f"  {r.reason}", file=sys.stderr))
                 assert not isinstance(done, str), done
                 rollouts += done.rollouts
@@ -143,6 +150,8 @@ def main_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-s", type=float, default=5.0)
     p.add_argument("--pause-s", type=float, default=5.0, help="load between and after the two deploys")
     p.add_argument("--ready-timeout-s", type=float, default=30.0, help="serve.rollout.ready_timeout_s")
+    p.add_argument("--autoscaled", action="store_true",
+                   help="an autoscaled model (held at --replicas), which Serve updates in place")
     p.add_argument("--port", type=int, default=18780)
     p.add_argument("--out", default=None, help="write the JSON result here too")
     return p.parse_args(argv)

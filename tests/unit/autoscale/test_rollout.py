@@ -165,3 +165,20 @@ def test_a_change_outside_the_models_or_to_their_set_redeploys_everything_and_sa
     assert deploy_changes(old, _spec(**{"serve.http.port": 18001})).full_reason == "the serve section(s) changed"
     fewer = old.model_copy(update={"models": old.models[:1]})
     assert deploy_changes(old, fewer).full_reason == "the models changed (a, b -> a)"
+
+
+def test_an_in_place_update_ends_when_serve_runs_the_new_version_and_rolls_back_when_it_fails():
+    from hbmserve.autoscale.rollout import InPlaceSnapshot, decide_in_place
+
+    def at(**kw) -> RolloutPhase:
+        s = InPlaceSnapshot(**{"app_state": "DEPLOYING", "failure": None, "since": 0.0,
+                               "ready_timeout_s": 60.0, **kw})
+        return decide_in_place(s, 30.0)
+
+    assert at().phase is RolloutPhase.ROLLING
+    assert at(app_state="RUNNING").phase is RolloutPhase.DONE
+    failed = at(app_state="DEPLOY_FAILED", failure="constructor raised")
+    assert failed.phase is RolloutPhase.ROLLING_BACK and failed.reason == "rolling back: constructor raised"
+    assert at(since=-31.0).phase is RolloutPhase.ROLLING_BACK  # 61 s: past ready_timeout_s
+    assert at(rolling_back=True, app_state="DEPLOYING").phase is RolloutPhase.ROLLING_BACK
+    assert at(rolling_back=True, app_state="RUNNING").phase is RolloutPhase.ROLLED_BACK
