@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "weights": 1,
     "capacity/sim": 2,  # the simulator: the brains driven on a virtual clock
     "deployments/wire": 2,  # what the rooms of a live cluster share: HTTP contract, names, records, stats
+    "deployments/kv": 2,  # the engines' KV events and the door's tokenizer: replica and door share it
     "placement/io": 2,  # placement's I/O: NVML discovery, Ray placement groups, observed ranks
     # The live rooms: front door, engine replica, control plane; and the planner beside them.
     "deployments/ingress": 3, "deployments/replica": 3, "deployments/control": 3,

@@ -1,4 +1,4 @@
-"""The door's KV event subscription (deployments/ingress/kv_subscriber.py) against vLLM's own
+"""The door's KV event subscription (deployments/kv/kv_subscriber.py) against vLLM's own
 publisher (vllm/distributed/kv_events.py ZmqEventPublisher, real ZMQ on loopback): batches
 published before the subscriber joined are replayed, hashes land in the index per tier, and a
 gap the engine no longer buffers leaves the index knowing less, never more."""
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hbmserve.core.kv_events import BlockStored, Medium
-from hbmserve.deployments.ingress.kv_subscriber import KvEventsError, KvSubscriber, decode_batch
+from hbmserve.deployments.kv.kv_subscriber import KvEventsError, KvSubscriber, decode_batch
 from hbmserve.routing.kv_index import KvIndex
 
 kv_events = pytest.importorskip("vllm.distributed.kv_events", reason="vLLM's publisher is the reference")
@@ -115,7 +115,7 @@ def test_late_join_is_replayed_and_a_lost_gap_leaves_the_index_knowing_less(buff
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[4]
-    code = ("import json, sys; from tests.unit.deployments.ingress.test_kv_subscriber import replay_run; "
+    code = ("import json, sys; from tests.unit.deployments.kv.test_kv_subscriber import replay_run; "
             f"print('RESULT ' + json.dumps(replay_run({buffer_steps})))")
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
