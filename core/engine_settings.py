@@ -33,6 +33,9 @@ class PreemptionMode(str, Enum):
 # listener, its scaling), or vLLM's own HTTP server reads them and hbmserve does not run it.
 _VLLM_ARGS_TYPED_ELSEWHERE = {
     "kv_offloading_size": "engine_settings.kv_offload_gib",
+    # The doors follow the events and hash prompts as the engine does: sha256_cbor, set with them.
+    "kv_events_config": "engine_settings.kv_events",
+    "prefix_caching_hash_algo": "engine_settings.kv_events",
     "tensor_parallel_size": "parallelism.tp",
     "pipeline_parallel_size": "parallelism.pp",
     "model": "the model's `source`",
@@ -100,6 +103,10 @@ class EngineSettings(Strict):
     max_num_batched_tokens: Annotated[int, Field(gt=0)] = 2048
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
+    # With prefix caching on, the engine publishes its KV events and the front doors route each
+    # request to the replica that holds most of its prompt (deployments/kv). False: the doors
+    # route on what they sent each replica, blind to evictions and to other doors' traffic.
+    kv_events: bool = True
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     quantization: Literal["fp8", "int8", "int4", "awq", "gptq"] | None = None

@@ -175,6 +175,18 @@ class ObservedRank(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class KvEventsInfo(Record):
+    """A replica whose engine publishes its KV events (deployments/kv/kv_stream.py) and how the
+    engine names its blocks, so a front door can hash a prompt as the engine does."""
+
+    hashing: str  # HASHING_VLLM: vLLM's sha256_cbor chain over token ids (routing/engine_hashes.py)
+    block_size: int  # tokens per KV block
+
+
+HASHING_VLLM = "vllm-sha256_cbor"
+
+
+@dataclass(frozen=True, kw_only=True)
 class PlacementReport(Record):
     """A planned replica's check of where its ranks landed against its plan."""
 
@@ -261,6 +273,8 @@ class ReplicaEndpoint(Record):
     placement: PlacementReport | None = None
     # Stopping: the front doors send it nothing new and let its streams finish (added with rollouts).
     draining: bool = False
+    # Set when its engine publishes KV events: the doors route by them (added with KV-aware routing).
+    kv_events: KvEventsInfo | None = None
 
     def fresh(self, now: float, ttl_s: float) -> bool:
         return now - self.at <= ttl_s

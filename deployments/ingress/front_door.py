@@ -32,6 +32,8 @@ from hbmserve.deployments.ingress.front_door_access import AccessGuard, KeyFiles
 from hbmserve.deployments.ingress.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission
 from hbmserve.deployments.ingress.gpu_metrics import GpuCollector
+from hbmserve.deployments.kv.door_kv import DoorKv
+from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
 from hbmserve.deployments.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
 from hbmserve.deployments.wire.records_store import (RENEW_S, info_reply, latest_decision, latest_deployed, live_doors,
                                                      live_endpoints, publish_demand, publish_door, remove_door)
@@ -54,7 +56,9 @@ class FrontDoor:
         self.keys = KeyFiles(auth) if auth is not None else None
         self.guard = AccessGuard(self.keys.ring() if self.keys else None)  # raises: fail closed
         names = [m.name for m in self.spec.models]
-        self.table = ReplicaTable(names, {m.name for m in self.spec.models if m.autoscaling is not None})
+        # The engines' KV events, one stream per publishing replica (deployments/kv/door_kv.py).
+        self.kv = DoorKv({INTERNAL_TOKEN_HEADER.decode(): internal_token}, lambda: self.session)
+        self.table = ReplicaTable(names, {m.name for m in self.spec.models if m.autoscaling is not None}, kv=self.kv)
         self.admission = {m.name: ModelAdmission(m, self.table) for m in self.spec.models}
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True),
@@ -177,6 +181,7 @@ class FrontDoor:
         await asyncio.to_thread(remove_door, DoorEndpoint(door=self.holder, node_id=self.node_id, url=self.own_url,
                                                           at=0.0))
         await self.server.stop()
+        await self.kv.close()
         for m in self.spec.models:  # let go of the demand at once rather than at its TTL
             if self._demand.get(m.name):
                 await asyncio.to_thread(publish_demand, m.name, engine_deployment_name(m), self.holder, 0, 0.0)

@@ -259,9 +259,8 @@ class FrontDoorApp:
                                   "invalid_request_error", "too_many_sequences", model=model.name, tenant=tenant,
                                   param="n")
                 return
-        text = prompt_text(path, body)  # for prefix hashing; after the shape check, which it relies on
         if path not in RUN_PATHS:  # /tokenize, /detokenize: the engine's tokenizer, not the model
-            tokens = len(text) // CHARS_PER_TOKEN
+            tokens = len(prompt_text(path, body)) // CHARS_PER_TOKEN
             gen = Generation(prompts=1, sequences=1, prompt_tokens=tokens, max_tokens=0, all_prompt_tokens=tokens)
         charged = gen.most_tokens(model.engine_settings.max_model_len)
         refused = self.guard.charge(credential, charged, self.table.doors)
@@ -279,11 +278,11 @@ class FrontDoorApp:
         try:
             await self._admit_and_relay(scope, receive, send, model.name, raw,
                                         ask_for(credential, model, gen, asyncio.get_running_loop().time()),
-                                        text, tenant, tap, ledger)
+                                        body, tenant, tap, ledger)
         finally:  # the bucket keeps what the engine spent, not the most the request might have
             self.guard.settle(credential, charged, tap.spent(charged, gen.all_prompt_tokens), self.table.doors)
 
-    async def _admit_and_relay(self, scope, receive, send, model: str, raw: bytes, ask: Ask, text: str,
+    async def _admit_and_relay(self, scope, receive, send, model: str, raw: bytes, ask: Ask, body: dict[str, Any],
                                tenant: str | None, tap: UsageTap, ledger: StreamLedger | None) -> None:
         if scope["path"] not in RUN_PATHS:
             await _while_connected(receive, self._route_and_relay(scope, send, model, raw,
@@ -300,16 +299,25 @@ class FrontDoorApp:
             await self._refuse(send, ticket, model, tenant)
             return
         try:
-            self._requests += 1  # the salt of choose's power-of-two draw: spreads ties, reproducibly
-            route = RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=prompt_block_hashes(text),
-                                 salt=self._requests)
+            route, precise = self._route_request(scope["path"], model, body, ask)
             await _while_connected(receive, self._route_and_relay(scope, send, model, raw, route, tenant, tap,
-                                                                  ledger))
+                                                                  ledger, precise))
         finally:
             gate.leave(ticket)
 
+    def _route_request(self, path: str, model: str, body: dict[str, Any], ask: Ask) -> tuple[RouteRequest, bool]:
+        """The request as the router sees it, and whether its prefix hashes are the engines' own
+        (the model's engines publish KV events and the door could tokenize it exactly), so that
+        replicas are scored on what they report holding; else the approximate text hashes."""
+        self._requests += 1  # the salt of choose's power-of-two draw: spreads ties, reproducibly
+        exact = self.table.kv.hashes(model, path, body) if self.table.kv is not None else None
+        hashes = exact if exact is not None else prompt_block_hashes(prompt_text(path, body))
+        return RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=hashes, salt=self._requests), \
+            exact is not None
+
     async def _route_and_relay(self, scope, send, model: str, raw: bytes, route: RouteRequest,
-                               tenant: str | None, tap: UsageTap, ledger: StreamLedger | None = None) -> None:
+                               tenant: str | None, tap: UsageTap, ledger: StreamLedger | None = None,
+                               precise: bool = False) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         query = scope.get("query_string", b"").decode("latin-1")
@@ -321,20 +329,21 @@ class FrontDoorApp:
         # times as a broken stream may move (a reply not streamed starts over: none of it was sent).
         attempts = 1 + max(1, self.spec.serve.migration_limit)
         for _ in range(attempts):
-            ranked = [rid for rid in self.route(self.table.loads(model), route).ranked if rid not in tried]
+            ranked = [rid for rid in self.route(self.table.loads(model, precise), route).ranked if rid not in tried]
             replica = self.table.get(model, ranked[0]) if ranked else None
             if replica is None:
                 break
             tried.append(replica.endpoint.replica)
             replica.sent_since_poll += 1
-            replica.remember(route.prefix_hashes)
+            if not precise:  # what the engine holds comes from its events, not from what was sent
+                replica.remember(route.prefix_hashes)
             tap.forwarded = True
             try:
                 done = await relay(self.session_of(), replica.endpoint.url + suffix, scope["method"], headers, raw,
                                    send, self.limits.first_byte_timeout_s, started, replica.endpoint.replica, tap,
                                    ledger, streams=replica.streams)
                 if done.left_open:
-                    await self._resume(send, model, route, headers, tap, ledger, tried)
+                    await self._resume(send, model, route, headers, tap, ledger, tried, precise)
                 return
             except NotStarted as err:
                 failure = f"replica {replica.endpoint.replica} failed before answering ({err})"
@@ -354,7 +363,7 @@ class FrontDoorApp:
                           tenant=tenant)
 
     async def _resume(self, send, model: str, route: RouteRequest, headers: dict[str, str], tap: UsageTap,
-                      ledger: StreamLedger, tried: list[str]) -> None:
+                      ledger: StreamLedger, tried: list[str], precise: bool) -> None:
         """Go on with a broken stream from another replica (migration.py), up to the migration
         limit of replicas that break; one whose cap refuses the continuation is asked again
         after a pause. Ends the client's response either way."""
@@ -362,7 +371,7 @@ class FrontDoorApp:
         limit, refusals = self.spec.serve.migration_limit, 0
         self.table.mark_unreachable(model, tried[-1])
         while ledger.migrations < limit and refusals < REFUSED_TRIES:
-            ranked = [rid for rid in self.route(self.table.loads(model), route).ranked if rid not in tried]
+            ranked = [rid for rid in self.route(self.table.loads(model, precise), route).ranked if rid not in tried]
             replica = self.table.get(model, ranked[0]) if ranked else None
             if replica is None:
                 break

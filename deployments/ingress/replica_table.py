@@ -22,10 +22,12 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from hbmserve.core.kv_events import ReplicaKv
 from hbmserve.core.records import DecisionRecord, LoadReport, RecordError, ReplicaEndpoint
 from hbmserve.core.routing import ReplicaLoad
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.prefix import RecentPrefixes
+from hbmserve.deployments.kv.door_kv import DoorKv
 from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER, LOAD_PATH
 
 log = logging.getLogger("hbmserve.frontdoor")
@@ -62,15 +64,20 @@ class KnownReplica:
     def remember(self, hashes: tuple[int, ...]) -> None:
         self.prefixes.remember(hashes)
 
-    def load(self) -> ReplicaLoad:
+    def load(self, kv: ReplicaKv | None = None) -> ReplicaLoad:
+        """`kv`: what the replica's engine reports holding (its KV index view), for a request
+        hashed as the engine hashes; None: what this door sent it (approximate)."""
         state = ReplicaState.ACTIVE if self.active and self.reachable else ReplicaState.STANDBY
+        cached, host = (self.prefixes.keys(), frozenset()) if kv is None else (kv.hbm, kv.host)
         return ReplicaLoad(self.endpoint.replica, state, waiting=self.waiting + self.sent_since_poll,
-                           running=self.running, kv_usage=self.kv_usage, cached_prefixes=self.prefixes.keys())
+                           running=self.running, kv_usage=self.kv_usage, cached_prefixes=cached, host_prefixes=host)
 
 
 class ReplicaTable:
-    def __init__(self, models: list[str], autoscaled: set[str], lost_after_s: float = LOST_AFTER_S):
+    def __init__(self, models: list[str], autoscaled: set[str], lost_after_s: float = LOST_AFTER_S,
+                 kv: DoorKv | None = None):
         self.models = models
+        self.kv = kv  # the engines' KV events, followed for the replicas that publish them
         self.lost_after_s = lost_after_s
         self.autoscaled = autoscaled
         self.replicas: dict[str, dict[str, KnownReplica]] = {m: {} for m in models}
@@ -97,6 +104,8 @@ class ReplicaTable:
                 r.endpoint = ep
                 r.active = not ep.draining and (model not in self.autoscaled or decision is None
                                                 or rid in decision.active_replicas)
+            if self.kv is not None:
+                self.kv.sync(model, eps.values())
 
     async def poll(self, session, token: str) -> None:
         """Every known replica's load report, concurrently."""
@@ -131,8 +140,14 @@ class ReplicaTable:
         r.sent_since_poll = 0
 
     # -- routing ------------------------------------------------------------------------
-    def loads(self, model: str) -> list[ReplicaLoad]:
-        return [r.load() for r in self.replicas.get(model, {}).values()]
+    def loads(self, model: str, precise: bool = False) -> list[ReplicaLoad]:
+        """`precise`: the request carries the engines' own block hashes (DoorKv.hashes), so each
+        replica's cache is what its engine reports; a view the index cannot vouch for (a gap,
+        lag, no events yet) counts as holding nothing, and load decides."""
+        table = self.replicas.get(model, {})
+        if precise and self.kv is not None:
+            return [r.load(self.kv.view(model, rid)) for rid, r in table.items()]
+        return [r.load() for r in table.values()]
 
     def get(self, model: str, replica: str) -> KnownReplica | None:
         return self.replicas.get(model, {}).get(replica)

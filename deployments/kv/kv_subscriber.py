@@ -1,30 +1,20 @@
 """The front door's subscription to one engine's KV events, kept in the KV index
-(routing/kv_index.py).
+(routing/kv_index.py), over the replica's HTTP port (kv_stream.py, engine_relay.py).
 
-vLLM publishes them (`--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
-"endpoint": ..., "replay_endpoint": ...}'`, vllm/distributed/kv_events.py `ZmqEventPublisher`):
-on a PUB socket, one message per engine step, frames (topic, seq as 8 bytes big-endian, the
-batch in msgpack); and on a ROUTER socket, a replay: ask with (b"", first seq) and get every
-buffered batch from there as (b"", topic, seq, batch), then an end marker of seq -1.
+vLLM publishes a batch per engine step (vllm/distributed/kv_events.py `ZmqEventPublisher`):
+msgpack of (ts, events[, data-parallel rank]); the replica relays each with its sequence number.
 
 `decode_batch` reads the msgpack as plain data (msgspec, as vLLM encodes it) rather than through
 vLLM's classes: importing vLLM costs every front door about 18 s and 540 MB. A block hash is an
 int, or bytes that are read as one big-endian int. Events of a tier the index does not keep
 (vLLM's STORAGE) are dropped.
 
-vLLM binds its PUB socket only on a wildcard or ipc endpoint (`tcp://*:5557`) and otherwise
-connects it to the endpoint given, so either side may listen: `bind=True` listens here for an
-engine configured with this address (the loopback tests; an engine on the door's node), else
-this connects to an engine that listens. The replay endpoint always listens at the engine.
-
-A PUB subscriber misses what was published before it connected, and whatever a full queue
-dropped; the index notices either as a gap in the sequence numbers, and `KvSubscriber` asks the
-replay endpoint for it. Where the engine no longer buffers the gap, the index is told
-(`replay_failed`) and starts over from what it holds: it may then know less than the engine
-holds, never more.
-
-Not yet started by the front door (issue 24): the replicas do not pass `--kv-events-config` to
-vLLM yet, and the door still routes on the hashes it sent to each replica (routing/prefix.py).
+A stream misses what was published before it joined: each new stream first asks the replica's
+replay path for everything from batch 0, and a later gap in the sequence numbers is asked for
+the same way. Where the engine no longer buffers the gap, the index is told (`replay_failed`) and starts
+over from what it holds: it may then know less than the engine holds, never more. A stream that
+breaks or goes silent (no heartbeat for `STALL_S`) makes the index forget the replica at once,
+so the router falls back to load for it until the stream is back and replayed.
 """
 
 from __future__ import annotations
@@ -33,14 +23,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from hbmserve.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, Medium
+from hbmserve.deployments.kv.kv_stream import EVENTS_PATH, HEARTBEAT_SEQ, REPLAY_PATH, FrameReader, KvStreamError
 from hbmserve.routing.kv_index import Gap, KvIndex
 
 log = logging.getLogger("hbmserve.frontdoor")
 
-END_SEQ = -1
-REPLAY_TIMEOUT_S = 2.0
+STALL_S = 5.0  # a stream with no byte this long (heartbeats come each second) is given up
+RECONNECT_S = 0.5
+REPLAY_TIMEOUT_S = 5.0
 _MEDIA = {None: Medium.HBM, "GPU": Medium.HBM, "CPU": Medium.HOST}
 
 
@@ -81,34 +74,58 @@ def decode_batch(replica_id: str, seq: int, payload: bytes) -> KvEventBatch:
 
 
 class KvSubscriber:
-    """Keeps `index` up to date with one replica's engine. `run()` until cancelled."""
+    """Keeps `index` up to date with one replica's engine. `run()` until cancelled (the replica
+    left), which forgets the replica."""
 
-    def __init__(self, replica_id: str, endpoint: str, replay_endpoint: str | None, index: KvIndex,
-                 topic: str = "", clock: Callable[[], float] = time.time, bind: bool = False) -> None:
-        self.replica_id, self.endpoint, self.replay_endpoint = replica_id, endpoint, replay_endpoint
-        self.bind = bind
-        self.index, self.topic, self.clock = index, topic.encode(), clock
-        self.dropped = 0  # unreadable messages
+    def __init__(self, replica_id: str, url: str, headers: dict[str, str], index: KvIndex,
+                 session_of: Callable[[], Any], clock: Callable[[], float] = time.time) -> None:
+        self.replica_id, self.url, self.headers = replica_id, url, headers
+        self.index, self.session_of, self.clock = index, session_of, clock
+        self.dropped = 0  # unreadable batches
+        self.connected = False
+        self.breaks = 0  # streams lost
 
     async def run(self) -> None:
-        import zmq
-        import zmq.asyncio
+        import aiohttp
 
-        ctx = zmq.asyncio.Context.instance()
-        sub = ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, self.topic)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.bind(self.endpoint) if self.bind else sub.connect(self.endpoint)
         try:
             while True:
-                gap = self._take(*(await sub.recv_multipart())[-2:])
-                if gap is not None:
-                    await self.replay(gap)
+                try:
+                    await self._stream()
+                except (aiohttp.ClientError, asyncio.TimeoutError, KvStreamError, KvEventsError) as err:
+                    if self.connected:
+                        log.warning("KV events from %s lost (%s): routing on load there until they are back",
+                                    self.replica_id, err or type(err).__name__)
+                self.connected = False
+                self.breaks += 1
+                self.index.forget(self.replica_id)
+                await asyncio.sleep(RECONNECT_S)
         finally:
-            sub.close()
+            self.index.forget(self.replica_id)
 
-    def _take(self, seq_bytes: bytes, payload: bytes) -> Gap | None:
-        seq = int.from_bytes(seq_bytes, "big", signed=True)
+    async def _stream(self) -> None:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=STALL_S, sock_read=STALL_S)
+        async with self.session_of().get(self.url + EVENTS_PATH, headers=self.headers, timeout=timeout) as resp:
+            if resp.status != 200:
+                raise KvEventsError(f"replica {self.replica_id} answered {resp.status} for its KV events")
+            self.connected = True
+            # The index forgot this replica when its last stream ended (or never knew it): what
+            # the engine still buffers brings it back to what the engine holds, with no need to
+            # wait for new traffic to reveal the gap.
+            await self.replay(0)
+            reader = FrameReader()
+            async for chunk in resp.content.iter_any():
+                for seq, payload in list(reader.feed(chunk)):
+                    if seq == HEARTBEAT_SEQ:
+                        continue
+                    gap = self._take(seq, payload)
+                    if gap is not None:
+                        await self.replay(gap.first_missing)
+        raise KvStreamError("the replica ended its KV event stream")
+
+    def _take(self, seq: int, payload: bytes) -> Gap | None:
         try:
             batch = decode_batch(self.replica_id, seq, payload)
         except KvEventsError:
@@ -117,27 +134,17 @@ class KvSubscriber:
             return None
         return self.index.apply(batch, self.clock())
 
-    async def replay(self, gap: Gap) -> None:
-        """Ask the engine for the batches from `gap.first_missing` on; what it cannot give is
+    async def replay(self, first_missing: int) -> None:
+        """Ask the replica for the batches from `first_missing` on; what it cannot give is
         given up on (`replay_failed`)."""
-        if self.replay_endpoint is None:
-            self.index.replay_failed(self.replica_id, self.clock())
-            return
-        import zmq
-        import zmq.asyncio
+        import aiohttp
 
-        dealer = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.connect(self.replay_endpoint)
         try:
-            await dealer.send_multipart([b"", gap.first_missing.to_bytes(8, "big")])
-            while True:
-                frames = await asyncio.wait_for(dealer.recv_multipart(), REPLAY_TIMEOUT_S)
-                if int.from_bytes(frames[-2], "big", signed=True) == END_SEQ:
-                    break
-                self._take(frames[-2], frames[-1])
-        except asyncio.TimeoutError:
-            log.warning("KV event replay from %s timed out", self.replica_id)
-        finally:
-            dealer.close()
+            async with self.session_of().get(f"{self.url}{REPLAY_PATH}?from={first_missing}", headers=self.headers,
+                                             timeout=aiohttp.ClientTimeout(total=REPLAY_TIMEOUT_S)) as resp:
+                if resp.status == 200:
+                    for seq, payload in FrameReader().feed(await resp.read()):
+                        self._take(seq, payload)
+        except (aiohttp.ClientError, asyncio.TimeoutError, KvStreamError) as err:
+            log.warning("KV event replay from %s failed: %s", self.replica_id, err or type(err).__name__)
         self.index.replay_failed(self.replica_id, self.clock())  # a no-op once the gap is filled

@@ -43,6 +43,26 @@ def tokenizer_files(model_dir: Path) -> dict[str, str]:
     return files
 
 
+def tokenizer_route(model_dir: str):
+    """The replica's `GET /hbm/tokenizer` (ASGI): `tokenizer_files` of its model folder as JSON,
+    read on first use; 404 where the model is not a local folder with a fast tokenizer, and the
+    doors then route on the approximate text hashes."""
+    cached: list[tuple[int, bytes]] = []
+
+    async def route(scope, receive, send) -> None:
+        if not cached:
+            try:
+                cached.append((200, json.dumps(tokenizer_files(Path(model_dir))).encode()))
+            except (TokenizerUnavailable, OSError) as err:
+                cached.append((404, json.dumps({"error": str(err)}).encode()))
+        status, body = cached[0]
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return route
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value

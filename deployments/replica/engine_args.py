@@ -9,6 +9,7 @@ whole launch into one argv with vLLM's own parser).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,14 @@ class EngineLaunch:
     vllm_args: tuple[tuple[str, Any], ...] = ()  # engine_settings.vllm_args, in file order
 
 
-def vllm_launch(model: ModelSpec, host: str, port: int) -> EngineLaunch:
+def publishes_kv_events(model: ModelSpec) -> bool:
+    s = model.engine_settings
+    return s.enable_prefix_caching and s.kv_events
+
+
+def vllm_launch(model: ModelSpec, host: str, port: int, kv_events_config: dict[str, Any] | None = None) -> EngineLaunch:
+    """`kv_events_config`: vLLM's --kv-events-config, for a model that `publishes_kv_events`
+    (the replica's relay knows its sockets, deployments/kv/engine_relay.py)."""
     s = model.engine_settings
     args = [
         "--model", model.source,
@@ -45,6 +53,10 @@ def vllm_launch(model: ModelSpec, host: str, port: int) -> EngineLaunch:
     ]
     if s.quantization is not None:
         args += ["--quantization", _QUANT_TO_VLLM[s.quantization]]
+    if kv_events_config is not None:
+        # The doors hash prompts as the engine does (routing/engine_hashes.py): sha256_cbor, the
+        # hash that is the same bytes in every process.
+        args += ["--kv-events-config", json.dumps(kv_events_config), "--prefix-caching-hash-algo", "sha256_cbor"]
     env: dict[str, str] = {}
     if model.engine is EngineKind.VLLM_CPU:
         # vLLM's CPU platform takes its KV cache size from the environment, in GiB.

@@ -22,7 +22,7 @@ from hbmserve.core.config import ModelSpec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.records import PlacementReport, ReplicaEndpoint, ReplicaInfo
 from hbmserve.core.scaling import ReplicaState
-from hbmserve.deployments.replica.engine_args import vllm_launch
+from hbmserve.deployments.replica.engine_args import publishes_kv_events, vllm_launch
 from hbmserve.deployments.replica.engine_server import EngineServer
 from hbmserve.deployments.replica.replica_weights import local_weights
 from hbmserve.deployments.replica.standby_sleep import StandbySleep
@@ -45,9 +45,12 @@ def replica_budget(model: ModelSpec) -> AdmissionBudget:
 
 
 def _vllm_server(model: ModelSpec, host: str, internal_token: str) -> EngineServer:
+    from hbmserve.deployments.kv.engine_relay import EngineKvRelay
     from hbmserve.deployments.replica.vllm_server import VLLMHttpServer
 
-    return VLLMHttpServer(vllm_launch(model, host, 0), replica_budget(model), internal_token)
+    relay = EngineKvRelay() if publishes_kv_events(model) else None
+    launch = vllm_launch(model, host, 0, relay.vllm_config() if relay else None)
+    return VLLMHttpServer(launch, replica_budget(model), internal_token, kv_relay=relay)
 
 
 def _sim_server(model: ModelSpec, host: str, internal_token: str) -> EngineServer:
@@ -101,7 +104,7 @@ class EngineReplica:
         self.endpoint = ReplicaEndpoint(app=ctx.app_name, deployment=ctx.deployment,
                                         replica=ctx.replica_id.unique_id, model=self.model.name, url=self.url,
                                         node_id=ray.get_runtime_context().get_node_id(), at=time.time(),
-                                        placement=self._placement())
+                                        placement=self._placement(), kv_events=self.server.kv_events)
         await asyncio.to_thread(publish_endpoint, self.endpoint)
         loop = asyncio.get_running_loop()
         self._announce = loop.create_task(self._renew_endpoint())

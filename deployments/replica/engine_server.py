@@ -25,6 +25,7 @@ from typing import Protocol
 
 from prometheus_client.metrics_core import Metric
 
+from hbmserve.core.records import KvEventsInfo
 from hbmserve.deployments.replica.replica_middleware import LoadCounters
 from hbmserve.deployments.replica.replica_http import AsgiListener, EngineLoad
 from hbmserve.deployments.replica.standby_sleep import AwakeGate
@@ -45,6 +46,11 @@ class EngineServer(Protocol):
     awake: AwakeGate
     """Where the middleware holds generation requests while the engine sleeps. Open unless the
     replica's StandbySleep (standby_sleep.py) closed it; the server only passes it on."""
+
+    kv_events: KvEventsInfo | None
+    """Set by `start()` when the engine publishes its KV events through the replica's port
+    (deployments/kv/engine_relay.py): how it names blocks. None: the doors route on what they
+    sent it."""
 
     async def start(self) -> str:
         """Load the engine, then serve its OpenAI-compatible app on a private port.

@@ -18,7 +18,7 @@ import hmac
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
@@ -99,8 +99,10 @@ class LoadCounters:
 class ReplicaMiddleware:
     def __init__(self, app: ASGIApp, budget: AdmissionBudget, internal_token: str, counters: LoadCounters,
                  engine_stats: Callable[[], EngineLoad], engine_metrics: Callable[[], list[Metric]] = list,
-                 awake: AwakeGate | None = None):
+                 awake: AwakeGate | None = None, routes: Mapping[str, ASGIApp] | None = None):
         self.app = app
+        # The server's own internal paths (the doors' KV event stream, the tokenizer): behind the token.
+        self.routes = dict(routes or {})
         self.budget = budget
         self.token = internal_token.encode()
         self.counters = counters
@@ -134,6 +136,9 @@ class ReplicaMiddleware:
                         "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()),
                                     (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})
+            return
+        if scope["path"] in self.routes:
+            await self.routes[scope["path"]](scope, receive, send)
             return
         if scope["path"] not in ADMITTED_PATHS:
             await self.app(scope, receive, send)

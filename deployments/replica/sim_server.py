@@ -262,6 +262,7 @@ class SimHttpServer:
         self.listener = AsgiListener()
         self.awake = AwakeGate()
         self.wake_delay_s = 0.0  # set in start() for a model whose standbys sleep
+        self.kv_events = None  # the live simulated engine publishes no KV events yet
 
     async def start(self) -> str:
         from hbmserve.capacity.perf.hardware import load_catalog

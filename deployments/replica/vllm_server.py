@@ -17,6 +17,10 @@ from contextlib import AsyncExitStack
 
 from prometheus_client.metrics_core import Metric
 
+from hbmserve.core.records import HASHING_VLLM, KvEventsInfo
+from hbmserve.deployments.kv.engine_relay import EngineKvRelay
+from hbmserve.deployments.kv.kv_stream import EVENTS_PATH, REPLAY_PATH, TOKENIZER_PATH
+from hbmserve.deployments.kv.prompt_tokens import tokenizer_route
 from hbmserve.routing.replica_cap import AdmissionBudget
 from hbmserve.deployments.replica.engine_args import EngineLaunch
 from hbmserve.deployments.wire.engine_metrics import engine_families
@@ -32,8 +36,11 @@ class VLLMHttpServer:
     """vLLM's engine and OpenAI app; an `EngineServer` (engine_server.py documents each method).
     vLLM is imported only in `start()`: building one (or importing this module) loads nothing."""
 
-    def __init__(self, launch: EngineLaunch, budget: AdmissionBudget, internal_token: str):
+    def __init__(self, launch: EngineLaunch, budget: AdmissionBudget, internal_token: str,
+                 kv_relay: EngineKvRelay | None = None):
         self.launch = launch
+        self.kv_relay = kv_relay
+        self.kv_events: KvEventsInfo | None = None
         self.budget = budget
         self.internal_token = internal_token
         self.counters = LoadCounters()
@@ -60,7 +67,7 @@ class VLLMHttpServer:
             # Listen only once the engine is loaded: the URL is announced to the front door
             # as soon as this returns, and traffic may follow at once.
             asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats,
-                                     self.engine_metrics, self.awake)
+                                     self.engine_metrics, self.awake, routes=self._kv_routes(args))
             self.url = await self.listener.serve(asgi, args.host)
         except BaseException:
             await self._stack.aclose()
@@ -68,9 +75,21 @@ class VLLMHttpServer:
         log.info("serving %s on %s", args.served_model_name, self.url)
         return self.url
 
+    def _kv_routes(self, args) -> dict:
+        """The doors' KV paths: the event stream and replay (with events on) and the tokenizer
+        they hash prompts with (deployments/kv/kv_stream.py, prompt_tokens.py)."""
+        routes = {TOKENIZER_PATH: tokenizer_route(args.tokenizer or args.model)}
+        if self.kv_relay is not None:
+            block_size = self.engine_client.vllm_config.cache_config.block_size
+            self.kv_events = KvEventsInfo(hashing=HASHING_VLLM, block_size=block_size)
+            routes |= {EVENTS_PATH: self.kv_relay.events, REPLAY_PATH: self.kv_relay.replay}
+        return routes
+
     async def stop(self) -> None:
         await self.listener.stop()
         await self._stack.aclose()
+        if self.kv_relay is not None:
+            self.kv_relay.close()
 
     # Sleep mode through the engine client the replica holds, in process: vLLM's /sleep and
     # /wake_up routes exist only in its dev mode (VLLM_SERVER_DEV_MODE) and would be one more

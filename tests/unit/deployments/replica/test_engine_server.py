@@ -17,6 +17,7 @@ import typing
 import pytest
 from prometheus_client.metrics_core import Metric
 
+from hbmserve.core.records import KvEventsInfo
 from hbmserve.core.config import ModelSpec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.deployments.replica.engine_server import EngineServer
@@ -59,7 +60,7 @@ def mismatches(cls: type, instance: object, proto: type = EngineServer) -> list[
             found.append(f"{cls.__name__}.{name}: types {h_hints} != {w_hints}")
     for name, hint in protocol_attributes(proto).items():
         if not isinstance(getattr(instance, name, None), hint):
-            found.append(f"{cls.__name__}.{name}: not a {hint.__name__} on a built server")
+            found.append(f"{cls.__name__}.{name}: not a {getattr(hint, '__name__', hint)} on a built server")
     return found
 
 
@@ -76,7 +77,7 @@ def test_the_protocol_covers_what_the_replica_uses():
     assert set(protocol_methods(EngineServer)) == {"start", "stop", "sleep", "wake_up", "engine_stats",
                                                    "engine_metrics", "healthy"}
     assert protocol_attributes(EngineServer) == {"counters": LoadCounters, "listener": AsgiListener,
-                                                 "awake": AwakeGate}
+                                                 "awake": AwakeGate, "kv_events": KvEventsInfo | None}
 
 
 @pytest.mark.parametrize("cls, model", [(VLLMHttpServer, vllm_model), (SimHttpServer, sim_model)],
@@ -100,6 +101,7 @@ def test_every_registered_engine_builds_a_conforming_server():
 class _Good:
     def __init__(self):
         self.counters, self.listener, self.awake = LoadCounters(), AsgiListener(), AwakeGate()
+        self.kv_events = None
 
     async def start(self) -> str:
         return ""

@@ -86,6 +86,8 @@ def test_the_map_survives_the_trip_to_the_replica():
     ("model", ["`source`"]),
     ("port", ["serve.http.port"]),
     ("api_key", ["serve.auth.keys_file"]),
+    ("kv_events_config", ["engine_settings.kv_events"]),
+    ("prefix_caching_hash_algo", ["engine_settings.kv_events"]),
     ("distributed_executor_backend", ["engine and parallelism"]),
     ("data_parallel_size", ["one engine per replica", "replicas"]),
     ("disable_log_stats", ["engine statistics"]),
@@ -151,6 +153,23 @@ def test_dash_and_underscore_keys_give_the_same_argv(parser):
     underscored = vllm_launch(_spec({"max_loras": 3, "enable_lora": True}).models[0], "h", 1)
     assert launch_argv(parser, dashed) == launch_argv(parser, underscored)
     assert "--max-loras=3" in launch_argv(parser, dashed)
+
+
+def test_a_model_with_kv_events_publishes_them_where_its_relay_listens_hashed_as_the_doors_hash(parser, tmp_path):
+    from hbmserve.deployments.kv.engine_relay import EngineKvRelay
+    from hbmserve.deployments.replica.engine_args import publishes_kv_events
+
+    model = _spec({}).models[0]
+    on = model.model_copy(update={"engine_settings": model.engine_settings.model_copy(
+        update={"enable_prefix_caching": True})})
+    off = on.model_copy(update={"engine_settings": on.engine_settings.model_copy(update={"kv_events": False})})
+    assert (publishes_kv_events(model), publishes_kv_events(on), publishes_kv_events(off)) == (False, True, False)
+    relay = EngineKvRelay(str(tmp_path))
+    args = parse_launch(vllm_launch(on, "h", 1, relay.vllm_config()))
+    cfg = args.kv_events_config
+    assert (cfg.enable_kv_cache_events, cfg.publisher) == (True, "zmq")
+    assert cfg.endpoint == f"ipc://{relay.pub_path}" and cfg.replay_endpoint == f"ipc://{relay.replay_path}"
+    assert args.prefix_caching_hash_algo == "sha256_cbor" and args.enable_prefix_caching
 
 
 def test_an_empty_map_changes_nothing(parser):

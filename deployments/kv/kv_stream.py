@@ -1,0 +1,68 @@
+"""The KV event stream between a replica and a front door: two paths behind the internal token,
+and the frames they carry.
+
+A replica relays its engine's KV event batches (engine_relay.py) on
+- `GET /hbm/kv/events`: a streamed reply that lasts until either side leaves, one frame per
+  batch as the engine publishes it, and a heartbeat frame each `HEARTBEAT_S` while idle, so the
+  door notices a silent stream;
+- `GET /hbm/kv/replay?from=N`: the batches from seq N on that the engine still buffers, as one
+  reply of frames.
+A frame is the batch's sequence number (8 bytes, big-endian, signed), its length (4 bytes) and
+the batch as vLLM encodes it (msgpack, kv_subscriber.decode_batch); the heartbeat has sequence
+number -2 and no batch.
+
+Why over the replica's HTTP port and not the engine's ZMQ sockets: the engine's sockets have no
+authentication and vLLM binds a network one only on a wildcard address (`tcp://*:PORT`), which
+would put every replica's cache contents (hashes of what its users sent) on every interface.
+The engine binds local `ipc://` sockets instead and the replica, which the doors already reach
+with the internal token, relays them; a door keeps one such stream per replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+EVENTS_PATH = "/hbm/kv/events"
+REPLAY_PATH = "/hbm/kv/replay"
+TOKENIZER_PATH = "/hbm/tokenizer"  # the model's tokenizer files, for the doors (prompt_tokens.py)
+HEARTBEAT_SEQ = -2
+HEARTBEAT_S = 1.0
+_HEAD = 12
+MAX_FRAME_BYTES = 64 << 20  # a batch is an engine step's events: far below this
+
+
+class KvStreamError(ValueError):
+    """Bytes that are not KV event frames."""
+
+
+def frame(seq: int, payload: bytes = b"") -> bytes:
+    return seq.to_bytes(8, "big", signed=True) + len(payload).to_bytes(4, "big") + payload
+
+
+def heartbeat() -> bytes:
+    return frame(HEARTBEAT_SEQ)
+
+
+class FrameReader:
+    """Frames out of a byte stream read in arbitrary pieces."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> Iterator[tuple[int, bytes]]:
+        """Every whole frame `data` completes, as (seq, payload); heartbeats included."""
+        self._buf += data
+        while len(self._buf) >= _HEAD:
+            size = int.from_bytes(self._buf[8:12], "big")
+            if size > MAX_FRAME_BYTES:
+                raise KvStreamError(f"a KV event frame of {size} bytes (limit {MAX_FRAME_BYTES})")
+            if len(self._buf) < _HEAD + size:
+                return
+            seq = int.from_bytes(self._buf[:8], "big", signed=True)
+            payload = bytes(self._buf[_HEAD:_HEAD + size])
+            del self._buf[:_HEAD + size]
+            yield seq, payload
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
