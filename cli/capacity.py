@@ -221,6 +221,8 @@ def _print_sim(out: dict[str, Any], rejected: int) -> None:
         rows.append(("prefix hit rate (bounds: one LRU of the fleet's cache / infinite)",
                      f"{out['prefix_hit_rate'] or 0:.1%} ({out['bound_lru_hit_rate']:.1%} / "
                      f"{out['bound_infinite_hit_rate']:.1%})"))
+        if out.get("host_hit_tokens") and out.get("prompt_tokens"):
+            rows.append(("  of which from the host KV tier", f"{out['host_hit_tokens'] / out['prompt_tokens']:.1%}"))
     for k, v in rows:
         r.add_row(k, v)
     c.print(r)

@@ -89,10 +89,21 @@ def scenario_for(m: ModelSpec, catalog: dict[str, GpuProfile], gpu_override: str
             max_num_batched_tokens=max(es.max_num_batched_tokens, 1 if es.enable_chunked_prefill else mml),
             max_model_len=mml, enable_chunked_prefill=es.enable_chunked_prefill,
             enable_prefix_caching=es.enable_prefix_caching, preemption_mode=es.preemption_mode.value,
-            swap_space_tokens=int(es.kv_offload_gib * GIB / per_tok))
+            swap_space_tokens=int(es.kv_offload_gib * GIB / per_tok), host_kv_tokens=host_kv_tokens(m, per_tok))
     except ValueError as err:
         raise ScenarioError(f"models.{m.name}.engine_settings: {err}") from None
     return Scenario(dep, engine, m.replicas, gpu.usd_per_gpu_hour, m.slo.ttft_p95_ms / 1e3, m.slo.tpot_p95_ms / 1e3)
+
+
+def host_kv_tokens(m: ModelSpec, kv_bytes_per_token: float) -> int:
+    """The host-memory KV tier the engine runs with, in tokens: on a GPU engine with prefix
+    caching, `kv_offload_gib` is vLLM's --kv-offloading-size (deployments/replica/engine_args.py),
+    a prefix-cache tier in host memory; the simulated engine stands for such a GPU engine. On
+    vLLM-CPU the same setting is the KV cache itself, so there is no tier behind it."""
+    es = m.engine_settings
+    if not es.enable_prefix_caching or m.engine is EngineKind.VLLM_CPU:
+        return 0
+    return int(es.kv_offload_gib * GIB / kv_bytes_per_token)
 
 
 def knobs_of(sc: Scenario) -> EngineKnobs:

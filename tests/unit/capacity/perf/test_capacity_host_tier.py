@@ -82,3 +82,45 @@ def test_a_host_tier_needs_prefix_caching():
 def test_a_host_block_is_worth_most_of_an_hbm_one_on_a_pcie5_h100():
     v = COST.host_block_value(512)
     assert 0.8 < v < 1.0  # 8B: 64 MB per 512-token block over 53 GB/s vs its prefill
+
+
+def _model(engine: str = "vllm-gpu", **settings) -> dict:
+    return {"name": "m", "source": "meta-llama/Llama-3.1-8B-Instruct", "engine": engine, "replicas": 2,
+            "hardware": {"gpu": "h100-sxm"}, "sim": {"model_config_name": "llama-3.1-8b"},
+            "engine_settings": {"max_model_len": 8192, "dtype": "bfloat16", **settings}}
+
+
+@pytest.mark.parametrize("engine, prefix_caching, tier", [
+    ("vllm-gpu", True, True), ("sim", True, True),  # --kv-offloading-size behind the prefix cache
+    ("vllm-gpu", False, False),  # no prefix cache, nothing for a tier to serve
+    ("vllm-cpu", True, False),  # kv_offload_gib is the CPU engine's KV cache itself
+])
+def test_the_configured_host_tier_is_the_one_the_simulator_runs(engine, prefix_caching, tier):
+    from hbmserve.capacity.perf.hardware import load_catalog
+    from hbmserve.capacity.perf.scenario import scenario_for
+    from hbmserve.core.config import parse_cluster_spec
+
+    spec = parse_cluster_spec({"models": [_model(engine, enable_prefix_caching=prefix_caching, kv_offload_gib=64)]})
+    sc = scenario_for(spec.models[0], load_catalog(), gpu_override="h100-sxm" if engine == "vllm-cpu" else None)
+    per_tok = sc.deployment.model.kv_bytes_per_token_per_rank(1, 1)  # 128 KiB for Llama-3.1-8B in bf16
+    assert sc.engine.host_kv_tokens == (int(64 * 2 ** 30 / per_tok) if tier else 0)
+
+
+def test_a_host_tier_from_the_config_serves_what_hbm_evicted():
+    """Sessions that come back after their blocks left HBM: the config's tier brings them back
+    (the bound it can reach is the trace's infinite-cache one, simulate's third figure)."""
+    from hbmserve.capacity.perf.hardware import load_catalog
+    from hbmserve.capacity.perf.scenario import scenario_for
+    from hbmserve.capacity.sim.cluster_sim import cluster_for, simulate
+    from hbmserve.capacity.traces.prefix_trace import PrefixTraceSpec, prefix_arrivals
+    from hbmserve.core.config import parse_cluster_spec
+
+    trace = prefix_arrivals(PrefixTraceSpec(duration_s=300, session_rps=2.0, system_prompts=40, user_tokens=2000,
+                                            think_s=60, max_context_tokens=8192, block_tokens=512), seed=1)
+    hit = {}
+    for gib in (1, 256):
+        spec = parse_cluster_spec({"models": [_model(enable_prefix_caching=True, kv_offload_gib=gib,
+                                                     gpu_memory_utilization=0.3)]})
+        s = simulate(cluster_for(scenario_for(spec.models[0], load_catalog())), trace).summary
+        hit[gib] = (s.prefix_hit_rate, s.host_hit_tokens)
+    assert hit[256][0] > hit[1][0] + 0.05 and hit[256][1] > 0, hit
