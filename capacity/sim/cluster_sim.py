@@ -51,7 +51,7 @@ class _Run:
     def __init__(self, spec: SimCluster, arrivals: Arrivals, policy: PolicyBinding | None,
                  router: Router, sample_s: float, max_drain_s: float, stats_interval_s: float = 0.0,
                  prefix_source: PrefixSource = PrefixSource.EVENTS, kv_event_lag_s: float = 0.0,
-                 faults: ReplicaFaults | None = None) -> None:
+                 faults: ReplicaFaults | None = None, doors: int = 1) -> None:
         self.spec, self.arr, self.pb, self.router = spec, arrivals, policy, router
         self.faults = faults
         self.migrated = 0  # requests a lost replica held, moved to another
@@ -59,9 +59,9 @@ class _Run:
         eng = spec.engine
         self.engine_cfg = dataclasses.replace(
             eng, publish_kv_events=prefix_source is PrefixSource.EVENTS and eng.enable_prefix_caching)
-        self.kv = SimKvView(prefix_source, kv_event_lag_s, max(1, eng.num_blocks * eng.block_size // eng.hash_block_tokens))
-        self.loads: list[ReplicaLoad] = []
-        self.loads_at = -math.inf
+        self.kv = SimKvView(prefix_source, kv_event_lag_s, max(1, eng.num_blocks * eng.block_size // eng.hash_block_tokens),
+                            doors)
+        self.views: dict[int, tuple[list[ReplicaLoad], float]] = {}  # per door: the loads it saw, when
         self.cost: StepCostModel = cost_model(spec.deployment)
         self.host_value = self.cost.host_block_value(spec.engine.hash_block_tokens) if spec.engine.host_kv_tokens else 0.0
         self.overhead = spec.deployment.gpu.overheads.request_s
@@ -125,12 +125,12 @@ class _Run:
         if len(self.active) == 1:
             rep = self.active[0]
         else:
-            loads = self.router_view(now)
+            loads = self.router_view(now, req.rid % self.kv.doors)
             ask = RouteRequest(req.prompt, req.max_tokens, prefix_hashes=req.hashes, salt=req.rid,
                                host_block_value=self.host_value)
             best = self.router(loads, ask).ranked[0]
             rep = next(r for r in self.active if r.rid == best)
-        self.kv.routed(rep.rid, req.hashes)
+        self.kv.routed(rep.rid, req.hashes, req.rid % self.kv.doors)
         if not rep.engine.add(req):
             self.rejected += 1
             self.inflight -= 1
@@ -145,16 +145,18 @@ class _Run:
                 rep.epoch += 1
                 self.push(rep.plan_start + float(p.cumulative[-1]), _STEP, rep, rep.epoch)
 
-    def router_view(self, now: float) -> list[ReplicaLoad]:
-        if (now < self.loads_at + self.stats_interval_s
-                and [x.replica_id for x in self.loads] == [r.rid for r in self.active]):
-            return self.loads
-        self.loads = [self.load_of(r, now) for r in self.active]
-        self.loads_at = now
-        return self.loads
+    def router_view(self, now: float, door: int = 0) -> list[ReplicaLoad]:
+        """The replicas as the front door `door` sees them: load stats up to `stats_interval_s`
+        old, cached blocks as its prefix source says."""
+        loads, at = self.views.get(door, ([], -math.inf))
+        if now < at + self.stats_interval_s and [x.replica_id for x in loads] == [r.rid for r in self.active]:
+            return loads
+        loads = [self.load_of(r, now, door) for r in self.active]
+        self.views[door] = (loads, now)
+        return loads
 
-    def load_of(self, r: _Replica, now: float) -> ReplicaLoad:
-        hbm, host = self.kv.sets(r.rid, now)
+    def load_of(self, r: _Replica, now: float, door: int = 0) -> ReplicaLoad:
+        hbm, host = self.kv.sets(r.rid, now, door)
         return ReplicaLoad(r.rid, r.state, r.engine.num_waiting, r.engine.num_running, r.engine.kv_usage(),
                            hbm, host)
 
@@ -378,10 +380,11 @@ class _Run:
 def simulate(spec: SimCluster, arrivals: Arrivals, policy: PolicyBinding | None = None,
              router: Router = choose, sample_s: float = 1.0, max_drain_s: float = 3600.0,
              stats_interval_s: float = 0.0, prefix_source: PrefixSource = PrefixSource.EVENTS,
-             kv_event_lag_s: float = 0.0, faults: ReplicaFaults | None = None) -> SimResult:
+             kv_event_lag_s: float = 0.0, faults: ReplicaFaults | None = None, doors: int = 1) -> SimResult:
     """Replay `arrivals` through the cluster; pure apart from CPU time (no I/O, no wall clock).
-    `faults`: replicas lost during the run (faults.py)."""
+    `faults`: replicas lost during the run (faults.py). `doors`: front doors the requests are
+    spread over (request i at door i mod doors); only the ROUTED prefix source tells them apart."""
     run = _Run(spec, arrivals, policy, router, sample_s, max_drain_s, stats_interval_s, prefix_source,
-               kv_event_lag_s, faults)
+               kv_event_lag_s, faults, doors)
     end = run.run()
     return result_of(run, end)

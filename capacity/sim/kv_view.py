@@ -6,7 +6,9 @@
   same index the live front door keeps; `lag_s` delays their arrival, as a subscriber behind
   the stream would see them.
 - ROUTED: the hashes last routed to each replica, as many as its HBM holds (routing/prefix.py
-  RecentPrefixes), the approximate fallback the live door uses without events.
+  RecentPrefixes), the approximate fallback the live door uses without events. Each front door
+  remembers only what it routed itself: with `doors` > 1 (one door per node, clients spread over
+  them) a door is blind to what the others sent, as a live door is.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ _EMPTY: frozenset[int] = frozenset()
 
 
 class SimKvView:
-    def __init__(self, source: PrefixSource, lag_s: float, routed_capacity: int) -> None:
-        self.source, self.lag_s, self.routed_capacity = source, lag_s, routed_capacity
+    def __init__(self, source: PrefixSource, lag_s: float, routed_capacity: int, doors: int = 1) -> None:
+        if doors < 1:
+            raise ValueError(f"doors must be >= 1, got {doors}")
+        self.source, self.lag_s, self.routed_capacity, self.doors = source, lag_s, routed_capacity, doors
         self.index = KvIndex() if source is PrefixSource.EVENTS else None
         self._in_flight: deque[KvEventBatch] = deque()  # published, not yet at the index
         self._seq: dict[str, int] = {}
-        self._routed: dict[str, RecentPrefixes] = {}
+        self._routed: dict[tuple[int, str], RecentPrefixes] = {}  # (door, replica) -> what it sent there
 
     def published(self, rid: str, events: tuple[KvEvent, ...], now: float) -> None:
         if self.index is None or not events:
@@ -42,19 +46,20 @@ class SimKvView:
         else:
             self.index.apply(batch, now)
 
-    def routed(self, rid: str, hashes: tuple[int, ...]) -> None:
+    def routed(self, rid: str, hashes: tuple[int, ...], door: int = 0) -> None:
         if self.source is PrefixSource.ROUTED and hashes:
-            self._routed.setdefault(rid, RecentPrefixes(self.routed_capacity)).remember(hashes)
+            self._routed.setdefault((door, rid), RecentPrefixes(self.routed_capacity)).remember(hashes)
 
     def forget(self, rid: str) -> None:
-        self._routed.pop(rid, None)
+        for door in range(self.doors):
+            self._routed.pop((door, rid), None)
         if self.index is not None:
             self.index.forget(rid)
 
-    def sets(self, rid: str, now: float) -> tuple[Set[int], Set[int]]:
-        """(HBM hashes, host-tier hashes) the router may assume `rid` holds at `now`."""
+    def sets(self, rid: str, now: float, door: int = 0) -> tuple[Set[int], Set[int]]:
+        """(HBM hashes, host-tier hashes) the router at `door` may assume `rid` holds at `now`."""
         if self.index is None:
-            mem: Any = self._routed.get(rid)
+            mem: Any = self._routed.get((door, rid))
             return (mem.keys() if mem is not None else _EMPTY), _EMPTY
         while self._in_flight and self._in_flight[0].ts + self.lag_s <= now:
             batch = self._in_flight.popleft()

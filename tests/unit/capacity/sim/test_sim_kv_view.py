@@ -69,3 +69,33 @@ def test_a_host_tier_recovers_most_of_what_a_short_hbm_loses():
             assert s.host_hit_tokens > 0
     assert hit["small"] < hit["big"] - 0.1
     assert hit["small+host"] > hit["small"] + 0.8 * (hit["big"] - hit["small"])
+
+
+def test_a_second_door_is_blind_to_what_the_first_routed_and_events_are_not():
+    """Turn 2 of a conversation arrives at the other door (request ids 0 and 1: door 0, door 1).
+    From what was routed, that door knows nothing of turn 1 and load decides; from the engines'
+    events every door sees where turn 1's blocks are."""
+    for source, expect_holder in ((PrefixSource.ROUTED, False), (PrefixSource.EVENTS, True)):
+        seen: list = []
+        simulate(SimCluster(DEP, ENG, 3), two_turns(5.0), router=spy_on(seen), prefix_source=source, doors=2)
+        assert any(seen[1]) is expect_holder, source
+    seen = []
+    simulate(SimCluster(DEP, ENG, 3), two_turns(5.0), router=spy_on(seen), prefix_source=PrefixSource.ROUTED, doors=1)
+    assert any(seen[1])  # one door remembers what it sent
+
+
+def test_approximate_affinity_decays_with_doors_and_event_routing_does_not():
+    # Short system prompts: most of what can be reused is a session's own history (0.63 hit with
+    # events at either door count, routed 0.63 with one door and 0.43 with four, when written).
+    arr = prefix_arrivals(PrefixTraceSpec(duration_s=120, session_rps=3.0, think_s=10.0, system_prompt_tokens=300.0,
+                                          user_tokens=400.0, max_context_tokens=4096), seed=2)
+    hit = {(src, d): simulate(SimCluster(DEP, ENG, 4), arr, prefix_source=src, doors=d).summary.prefix_hit_rate
+           for src in PrefixSource for d in (1, 4)}
+    assert hit[(PrefixSource.EVENTS, 1)] == hit[(PrefixSource.EVENTS, 4)]  # doors do not change what events show
+    assert hit[(PrefixSource.ROUTED, 4)] < hit[(PrefixSource.ROUTED, 1)] - 0.1, hit
+    assert hit[(PrefixSource.EVENTS, 4)] > hit[(PrefixSource.ROUTED, 4)] + 0.1, hit
+
+
+def test_doors_must_be_at_least_one():
+    with pytest.raises(ValueError, match="doors"):
+        simulate(SimCluster(DEP, ENG, 2), two_turns(5.0), doors=0)
