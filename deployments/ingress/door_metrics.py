@@ -8,6 +8,9 @@ What one front door exports, each family once:
   to another replica mid-stream (migration.py), the hourly price of the replicas on its node,
   and each model's SLO (so a dashboard draws it beside the
   p95 it bounds; every front door exports it, so take `max`, not `sum`);
+* its KV index per model (deployments/kv): blocks by tier, lag, streams, untrusted replicas,
+  event batches applied / stale / unreadable, gaps replayed or reset, and the time spent
+  hashing prompts; every door keeps its own index, so these are per door (`instance`);
 * GPU gauges from NVML where the node has GPUs (gpu_metrics.py), nothing elsewhere.
 The cluster-wide figures the autoscaling policy knows (replicas by role, target, last action)
 are Ray gauges (records_store.DecisionLog), on Ray's metrics port.
@@ -28,6 +31,7 @@ from hbmserve.core.config import SLO
 from hbmserve.deployments.wire.engine_metrics import METRICS_PATH, exposition, parse_engine_text, relabel
 from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
 from hbmserve.deployments.ingress.replica_table import KnownReplica, ReplicaTable
+from hbmserve.deployments.kv.door_kv import KvDoorStats
 
 log = logging.getLogger("hbmserve.frontdoor")
 
@@ -67,9 +71,11 @@ def merge_families(families: Iterable[Metric]) -> list[Metric]:
 
 def door_families(refusals: Refusals, queued: dict[str, int], local: Iterable[KnownReplica],
                   usd_per_replica_hour: dict[str, float | None], slos: Mapping[str, SLO],
-                  migrations: Mapping[str, Mapping[str, int]] | None = None) -> list[Metric]:
+                  migrations: Mapping[str, Mapping[str, int]] | None = None,
+                  kv: Mapping[str, KvDoorStats] | None = None) -> list[Metric]:
     """The front door's own families (pure: tests call it with plain data). `migrations`:
-    outcome ("resumed", "failed") -> model -> broken streams (migration.py)."""
+    outcome ("resumed", "failed") -> model -> broken streams (migration.py). `kv`: model -> its
+    KV routing at this door (deployments/kv/door_kv.py)."""
     refused = CounterMetricFamily("hbmserve_refusals", "Requests a front door answered with an error instead of "
                                   "serving, by OpenAI error code", labels=("model", "reason", "tenant"))
     for key, n in sorted(refusals.counts.items(), key=lambda kv: (kv[0].model, kv[0].reason, kv[0].tenant)):
@@ -94,7 +100,48 @@ def door_families(refusals: Refusals, queued: dict[str, int], local: Iterable[Kn
     for outcome, by_model in sorted((migrations or {}).items()):
         for model, n in sorted(by_model.items()):
             moved.add_metric((model, outcome), n)
-    return [refused, held, cost, slo, moved]
+    return [refused, held, cost, slo, moved, *kv_families(kv or {})]
+
+
+def kv_families(kv: Mapping[str, KvDoorStats]) -> list[Metric]:
+    """The door's KV index per model: what it holds, how far behind and how trusted it is, what
+    was lost on the way, and what hashing prompts as the engines do costs the door."""
+    blocks = GaugeMetricFamily("hbmserve_kv_index_blocks", "KV blocks the door's index holds for the model's "
+                               "replicas, by tier (hbm, host), from the engines' KV events", labels=("model", "tier"))
+    lag = GaugeMetricFamily("hbmserve_kv_index_lag_seconds", "The largest delay of a replica's last KV event "
+                            "batch at the door's index", labels=("model",))
+    streams = GaugeMetricFamily("hbmserve_kv_index_streams", "Replicas whose KV event stream is connected to this "
+                                "door", labels=("model",))
+    distrusted = GaugeMetricFamily("hbmserve_kv_index_untrusted_replicas", "Replicas whose view the router ignores "
+                                   "now (a gap being replayed, lag past the bound, no events yet): routed on load",
+                                   labels=("model",))
+    batches = CounterMetricFamily("hbmserve_kv_event_batches", "KV event batches that reached the door's index: "
+                                  "applied, stale (duplicate or older) or unreadable (dropped)",
+                                  labels=("model", "outcome"))
+    gaps = CounterMetricFamily("hbmserve_kv_index_gaps", "Gaps in a replica's KV event sequence: replayed from "
+                               "the engine, or reset (the engine no longer buffered them; the view restarted)",
+                               labels=("model", "outcome"))
+    overflowed = CounterMetricFamily("hbmserve_kv_index_overflowed_blocks", "Blocks the index let go of to stay "
+                                     "within its memory bound", labels=("model",))
+    hashed = CounterMetricFamily("hbmserve_door_prompt_hashes", "Requests whose prompt the door tokenized and "
+                                 "hashed as the engines do", labels=("model",))
+    hash_s = CounterMetricFamily("hbmserve_door_prompt_hash_seconds", "The door's time tokenizing and hashing "
+                                 "those prompts", labels=("model",))
+    for model, k in sorted(kv.items()):
+        i = k.index
+        blocks.add_metric((model, "hbm"), i.hbm_hashes)
+        blocks.add_metric((model, "host"), i.host_hashes)
+        lag.add_metric((model,), i.max_lag_s)
+        streams.add_metric((model,), k.streams)
+        distrusted.add_metric((model,), len(i.distrusted))
+        for outcome, n in (("applied", i.batches), ("stale", i.stale_batches), ("unreadable", k.unreadable)):
+            batches.add_metric((model, outcome), n)
+        gaps.add_metric((model, "replayed"), i.gaps - i.resets)
+        gaps.add_metric((model, "reset"), i.resets)
+        overflowed.add_metric((model,), i.overflowed)
+        hashed.add_metric((model,), k.hashed)
+        hash_s.add_metric((model,), k.hash_s)
+    return [blocks, lag, streams, distrusted, batches, gaps, overflowed, hashed, hash_s]
 
 
 async def _replica_families(session, r: KnownReplica, token: str) -> list[Metric]:

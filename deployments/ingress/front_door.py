@@ -151,7 +151,7 @@ class FrontDoor:
         local = local_replicas(self.table, self.node_id)
         own = door_families(self.app.refusals, {name: a.queued for name, a in self.admission.items()}, local,
                             self.prices, {m.name: m.slo for m in self.spec.models},
-                            {"resumed": self.app.migrated, "failed": self.app.migration_failed})
+                            {"resumed": self.app.migrated, "failed": self.app.migration_failed}, self.kv.reports())
         return await node_metrics(self.session, self.app.token, local, own,
                                   self.gpus.collect if self.gpus is not None else None)
 

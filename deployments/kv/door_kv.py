@@ -34,6 +34,18 @@ TOKENIZER_TIMEOUT_S = 30.0
 TOKENIZER_RETRY_S = 10.0
 
 
+@dataclass(frozen=True)
+class KvDoorStats:
+    """One model's KV routing at one door, for /metrics (door_metrics.py)."""
+
+    index: IndexStats
+    streams: int  # event streams connected now
+    unreadable: int  # batches that did not decode, dropped
+    hashed: int  # requests hashed as the engines hash them
+    hash_s: float  # the door's time tokenizing and hashing them
+    tokenizer: str  # "loaded", or why not
+
+
 @dataclass
 class ModelKv:
     index: KvIndex
@@ -44,6 +56,7 @@ class ModelKv:
     subscribers: dict[str, tuple[KvSubscriber, asyncio.Task]] = field(default_factory=dict)
     hashed: int = 0  # requests hashed as the engines hash them
     hash_s: float = 0.0  # the door's time spent tokenizing and hashing them
+    unreadable_gone: int = 0  # unreadable batches of streams since ended (a counter never goes down)
 
 
 class DoorKv:
@@ -61,7 +74,9 @@ class DoorKv:
         for rid in list(m.subscribers):
             ep = publishing.get(rid)
             if ep is None or ep.url != m.subscribers[rid][0].url:
-                m.subscribers.pop(rid)[1].cancel()
+                sub, task = m.subscribers.pop(rid)
+                task.cancel()
+                m.unreadable_gone += sub.dropped
                 m.index.forget(rid)
         loop = asyncio.get_running_loop()
         for rid, ep in publishing.items():
@@ -140,3 +155,11 @@ class DoorKv:
     def stats(self, model: str) -> IndexStats | None:
         m = self.models.get(model)
         return m.index.stats() if m is not None and m.subscribers else None
+
+    def reports(self) -> dict[str, KvDoorStats]:
+        """Each model whose engines publish KV events."""
+        return {name: KvDoorStats(m.index.stats(), sum(s.connected for s, _ in m.subscribers.values()),
+                                  m.unreadable_gone + sum(s.dropped for s, _ in m.subscribers.values()),
+                                  m.hashed, m.hash_s,
+                                  m.tokenizer_note)
+                for name, m in sorted(self.models.items()) if m.subscribers}

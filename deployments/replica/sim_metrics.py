@@ -9,6 +9,7 @@ first and last token, as vLLM measures them, observed by sim_server.py as tokens
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -27,31 +28,51 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 _LABELS = ("model_name", "engine")
 
 
-class _EngineGauges:
-    """Queue, batch, KV and preemptions read from the engine when scraped, as vLLM's gauges are."""
+@dataclass(frozen=True)
+class GaugeStats:
+    """What the engine reports when scraped; the counters count since the engine started."""
 
-    def __init__(self, labels: tuple[str, str], stats: Callable[[], tuple[int, int, float, int]]):
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0  # 0..1
+    preemptions: int = 0
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hits: int = 0  # of those, found
+
+
+class _EngineGauges:
+    """Queue, batch, KV, preemptions and prefix-cache counters read from the engine when scraped,
+    as vLLM's are."""
+
+    def __init__(self, labels: tuple[str, str], stats: Callable[[], GaugeStats]):
         self.labels, self.stats = labels, stats
 
     def collect(self) -> list[Metric]:
-        waiting, running, kv, preemptions = self.stats()
+        s = self.stats()
         out: list[Metric] = []
-        for name, doc, value in (("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting),
+        for name, doc, value in (("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                                  s.waiting),
                                  ("vllm:num_requests_running", "Number of requests in model execution batches.",
-                                  running),
-                                 ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv)):
+                                  s.running),
+                                 ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage)):
             g = GaugeMetricFamily(name, doc, labels=_LABELS)
             g.add_metric(self.labels, value)
             out.append(g)
-        c = CounterMetricFamily("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                                labels=_LABELS)
-        c.add_metric(self.labels, preemptions)
-        return out + [c]
+        for name, doc, value in (("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                                  s.preemptions),
+                                 ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried "
+                                  "tokens.", s.prefix_queries),
+                                 ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                                  s.prefix_hits)):
+            c = CounterMetricFamily(name, doc, labels=_LABELS)
+            c.add_metric(self.labels, value)
+            out.append(c)
+        return out
 
 
 class SimEngineMetrics:
-    def __init__(self, model_name: str, stats: Callable[[], tuple[int, int, float, int]]):
-        """`stats`: () -> (waiting, running, KV usage 0..1, preemptions since start)."""
+    def __init__(self, model_name: str, stats: Callable[[], GaugeStats]):
+        """`stats`: the engine's gauges and counters as of now."""
         self.registry = CollectorRegistry(auto_describe=False)
         labels = (model_name, "0")
         r = self.registry

@@ -31,7 +31,7 @@ from hbmserve.core.config import ModelSpec
 from hbmserve.routing.replica_cap import AdmissionBudget
 from hbmserve.deployments.replica.replica_middleware import LoadCounters, ReplicaMiddleware
 from hbmserve.deployments.replica.replica_http import AsgiListener, EngineLoad
-from hbmserve.deployments.replica.sim_metrics import RequestTimer, SimEngineMetrics
+from hbmserve.deployments.replica.sim_metrics import GaugeStats, RequestTimer, SimEngineMetrics
 from hbmserve.deployments.replica.standby_sleep import AwakeGate
 from hbmserve.deployments.replica.sim_protocol import (BYTES_PER_TOKEN, OUTPUT_ID_BASE, ChatRequest, CompletionRequest,
                                                        GenerationPlan, Rejection, chat_prompt, completion_prompt,
@@ -311,11 +311,11 @@ class SimHttpServer:
         return EngineLoad(waiting=s.waiting, running=s.running, kv_usage=s.kv_usage,
                           prompt_tokens=s.prompt_tokens, prefix_hit_tokens=s.prefix_hit_tokens)
 
-    def _gauges(self) -> tuple[int, int, float, int]:
+    def _gauges(self) -> GaugeStats:
         if self.engine is None:
-            return 0, 0, 0.0, 0
+            return GaugeStats()
         s = self.engine.stats()
-        return s.waiting, s.running, s.kv_usage, s.num_preemptions
+        return GaugeStats(s.waiting, s.running, s.kv_usage, s.num_preemptions, s.prompt_tokens, s.prefix_hit_tokens)
 
     def engine_metrics(self) -> list[Metric]:
         return self.metrics.families()

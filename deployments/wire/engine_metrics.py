@@ -37,6 +37,9 @@ ENGINE_FAMILIES: dict[str, str] = {
     "vllm:prompt_tokens": "hbmserve_prompt_tokens",
     "vllm:generation_tokens": "hbmserve_generation_tokens",
     "vllm:num_preemptions": "hbmserve_preemptions",
+    # Prompt tokens looked up in the prefix cache and found there: the per-replica hit rate.
+    "vllm:prefix_cache_queries": "hbmserve_prefix_cache_queries",
+    "vllm:prefix_cache_hits": "hbmserve_prefix_cache_hits",
 }
 TTFT = "vllm:time_to_first_token_seconds"
 TPOT = "vllm:request_time_per_output_token_seconds"

@@ -7,9 +7,11 @@ substituted as Grafana would, which a unit test parses with promtool and checks 
 README's metric list, and the live metrics test runs against a real Prometheus scraping a real
 cluster, judging each answer with `answer_problem`.
 
-Panels whose description starts with GPU_ONLY read series that exist only on GPU nodes (NVML
-gauges, the placement check of planned GPU replicas); a cluster without GPUs legitimately has
-no data for them, and the live test skips exactly those, saying so.
+Panels whose description starts with a mark read series that only some clusters have: GPU_ONLY,
+GPU nodes (NVML gauges, the placement check of planned GPU replicas); KV_EVENTS_ONLY, models
+whose engines publish KV events (the doors' KV index). A cluster without them legitimately has
+no data there, and the live test skips exactly those panels when the series are absent, saying
+so.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 
 DASHBOARD = Path(__file__).with_name("hbmserve.json")
 GPU_ONLY = "GPU nodes only:"
+KV_EVENTS_ONLY = "KV events only:"
+MARKS = (GPU_ONLY, KV_EVENTS_ONLY)
 
 # $name, ${name} and ${name:format} (Grafana's variable syntax; [[name]] is deprecated and unused).
 _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
@@ -41,7 +45,7 @@ class PanelQuery:
     panel: str  # the panel's title (a variable query: "variable <name>")
     ref_id: str
     expr: str  # variables substituted
-    gpu_only: bool
+    only: str | None  # the panel's mark (MARKS): its series may be absent; None: every cluster has them
 
 
 def load(path: Path = DASHBOARD) -> dict[str, Any]:
@@ -67,14 +71,14 @@ def substitute(expr: str, values: Mapping[str, str]) -> str:
     return _VARIABLE.sub(value, expr)
 
 
-def is_gpu_only(panel: Mapping[str, Any]) -> bool:
-    return panel.get("description", "").startswith(GPU_ONLY)
+def mark_of(panel: Mapping[str, Any]) -> str | None:
+    return next((m for m in MARKS if panel.get("description", "").startswith(m)), None)
 
 
 def panel_queries(dashboard: Mapping[str, Any], values: Mapping[str, str]) -> list[PanelQuery]:
     """Each target of each panel, in dashboard order. `values`: every variable the expressions
     use, Grafana's own included (`__rate_interval`), as Grafana would substitute them."""
-    return [PanelQuery(p["title"], t["refId"], substitute(t["expr"], values), is_gpu_only(p))
+    return [PanelQuery(p["title"], t["refId"], substitute(t["expr"], values), mark_of(p))
             for p in panels(dashboard) for t in p.get("targets", [])]
 
 
@@ -89,7 +93,7 @@ def variable_queries(dashboard: Mapping[str, Any]) -> list[PanelQuery]:
         m = _LABEL_VALUES.match(query.strip())
         if m is None or m["metric"] is None:
             raise ValueError(f"variable {v['name']}: only label_values(metric, label) is supported, not {query!r}")
-        out.append(PanelQuery(f"variable {v['name']}", "-", f"group by ({m['label']}) ({m['metric']})", False))
+        out.append(PanelQuery(f"variable {v['name']}", "-", f"group by ({m['label']}) ({m['metric']})", None))
     return out
 
 

@@ -37,6 +37,7 @@ from hbmserve.deployments.ingress.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission
 from hbmserve.deployments.ingress.replica_table import ReplicaTable
 from hbmserve.deployments.kv.door_kv import DoorKv
+from hbmserve.deployments.wire.engine_metrics import METRICS_PATH, parse_engine_text
 from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER, LOAD_PATH
 from tests.integration.conftest import stop_process
 
@@ -93,6 +94,14 @@ async def _accepted(session, url: str) -> int:
         return LoadReport.from_json(await r.read()).accepted
 
 
+async def _prefix_counters(session, url: str) -> dict[str, float]:
+    """The engine's prefix-cache counters as the replica serves them to its door's /metrics."""
+    async with session.get(url + METRICS_PATH, headers=HEADERS) as r:
+        families = parse_engine_text(await r.text())
+    return {f.name: sum(s.value for s in f.samples if s.name.endswith("_total")) for f in families
+            if f.name.startswith("vllm:prefix_cache")}
+
+
 async def _door(session, started, kv: DoorKv | None) -> tuple[FrontDoorApp, ReplicaTable]:
     spec = parse_cluster_spec({"models": [{"name": MODEL, "source": "sim", "engine": "sim", "replicas": 2,
                                            "engine_settings": {"max_model_len": 512, "max_num_seqs": 4}}]})
@@ -130,6 +139,8 @@ async def _scenario(started) -> dict:
                 assert reply.status_code == 200, reply.text
                 after = [await _accepted(session, u) for u in urls]
                 out[path] = [a - b for a, b in zip(after, before)]
+            out["door_kv"] = kv.reports()[MODEL]
+            out["r1_prefix"] = await _prefix_counters(session, urls[1])
         # The approximate mode, for contrast: it never saw r1 get the prompt, so load decides.
         approx, _ = await _door(session, started, None)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=approx), base_url="http://door",
@@ -162,3 +173,8 @@ def test_the_door_routes_by_what_the_engines_report_holding(replicas):
     assert out["approximate"] == [1, 0], out
     assert out["late_stats"].resets == 0 and out["late_stats"].batches >= 2  # caught up exactly, from batch 0
     assert out["dead_why"] == "no KV events from this replica yet" and out["r0_still"]
+    door = out["door_kv"]  # what the door's /metrics exports (door_metrics.kv_families)
+    assert door.streams == 2 and door.index.hbm_hashes >= 6 and door.index.batches >= 2 and door.unreadable == 0
+    assert door.hashed >= 4 and door.hash_s > 0 and door.tokenizer == "loaded"
+    hits, queries = out["r1_prefix"]["vllm:prefix_cache_hits"], out["r1_prefix"]["vllm:prefix_cache_queries"]
+    assert 0 < hits < queries, out["r1_prefix"]  # r1 served both prompts twice: the second time from cache

@@ -4,8 +4,8 @@ targets `hbmserve status --json` lists); after a few requests the hbmserve_* ser
 TTFT histograms labelled model and replica, refusals by reason and tenant, replicas by role,
 $/hour. `hbmserve status --json` carries p95 TTFT/TPOT against the SLO, roles and $/hour. Then
 every query of the Grafana dashboard (ops/grafana/hbmserve.json), one test per panel target,
-returns data from that Prometheus; the panels marked GPU-only are skipped, saying so, where the
-cluster has no GPU.
+returns data from that Prometheus; the panels marked GPU-only or KV-events-only are skipped,
+saying so, where the cluster has none of their series.
 
 Owns the local head for the module (see test_sim_serving.py on ordering): `down` before and after.
 """
@@ -130,12 +130,13 @@ def dashboard_data(metered, scraped):
 @pytest.mark.parametrize("query", PANEL_QUERIES, ids=[f"{q.panel} {q.ref_id}" for q in PANEL_QUERIES])
 def test_every_grafana_panel_query_returns_data(dashboard_data, query):
     prom = dashboard_data
-    if query.gpu_only:
-        # Marked GPU-only: a cluster without GPUs (or without planned GPU replicas) has none of
-        # its series at all. Present series are checked like any other panel's.
+    if query.only is not None:
+        # Marked (GPU nodes, KV events): a cluster without them has none of the series at all.
+        # Present series are checked like any other panel's.
         families = sorted(metric_families(query.expr))
         if not prom.query(f'count({{__name__=~"{"|".join(families)}"}})'):
-            pytest.skip(f"no GPU: panel {query.panel!r} reads GPU-only series, none here ({', '.join(families)})")
+            pytest.skip(f"{query.only.rstrip(':')}: panel {query.panel!r} reads series this cluster has none of "
+                        f"({', '.join(families)})")
     deadline = time.monotonic() + DATA_WAIT_S
     while (problem := answer_problem(prom.answer(query.expr))) is not None and time.monotonic() < deadline:
         time.sleep(1)

@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hbmserve.ops.grafana.queries import (GPU_ONLY, PanelQuery, UnknownVariable, answer_problem, load,
+from hbmserve.ops.grafana.queries import (GPU_ONLY, KV_EVENTS_ONLY, PanelQuery, UnknownVariable, answer_problem, load,
                                           metric_families, panel_queries, panels, substitute, variable_queries)
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 VALUES = {"model": "llama-8b", "__rate_interval": "1m"}
 # Series that exist only on GPU nodes: NVML's gauges, and the placement check of planned GPU replicas.
 GPU_SERIES = ("hbmserve_gpu_", "ray_hbmserve_placement_")
+# Series that exist only for models whose engines publish KV events: the doors' KV index.
+KV_SERIES = ("hbmserve_kv_index_", "hbmserve_kv_event_")
 
 
 def readme_metrics() -> tuple[set[str], set[str]]:
@@ -65,7 +67,7 @@ def test_variables_are_a_prometheus_datasource_and_the_models_from_label_values(
     assert variables["model"]["datasource"]["uid"] == "${datasource}"
     assert variables["model"]["multi"] and variables["model"]["includeAll"]
     assert variable_queries(load()) == [PanelQuery("variable model", "-", "group by (model) (hbmserve_slo_seconds)",
-                                                   False)]
+                                                   None)]
 
 
 def test_substitution_fills_every_variable_and_refuses_an_unknown_one():
@@ -110,7 +112,9 @@ def test_every_metric_read_is_in_the_readme_at_the_endpoint_that_serves_it():
               "hbmserve_refusals_total", "hbmserve_preemptions_total", "hbmserve_cost_usd_per_hour",
               "ray_hbmserve_replicas", "ray_hbmserve_autoscale_target_replicas", "ray_hbmserve_autoscale_last_action",
               "ray_hbmserve_placement_verified", "hbmserve_gpu_utilization", "hbmserve_gpu_memory_used_bytes",
-              "hbmserve_gpu_nvlink_bytes_total"}
+              "hbmserve_gpu_nvlink_bytes_total", "hbmserve_prefix_cache_hits_total", "hbmserve_prefix_cache_queries_total",
+              "hbmserve_kv_index_blocks", "hbmserve_kv_index_untrusted_replicas", "hbmserve_kv_index_lag_seconds",
+              "hbmserve_kv_event_batches_total", "hbmserve_kv_index_gaps_total"}
     assert wanted <= read, wanted - read
 
 
@@ -120,14 +124,17 @@ def test_metric_families_drop_histogram_suffixes_and_keep_rays_prefix():
     assert metric_families(expr) == {"hbmserve_ttft_seconds", "ray_hbmserve_replicas"}
 
 
-def test_gpu_only_marks_exactly_the_panels_that_read_only_gpu_series():
-    """The live test skips the marked panels without GPUs: a mark on any other panel would hide it."""
+def test_marks_name_exactly_the_panels_whose_series_only_some_clusters_have():
+    """The live test skips a marked panel where its series are absent: a mark on any other panel
+    would hide it."""
     for p in panels(load()):
         read = set().union(*(metric_families(t["expr"]) for t in p["targets"]))
-        gpu = all(name.startswith(GPU_SERIES) for name in read)
-        assert p["description"].startswith(GPU_ONLY) == gpu, p["title"]
-    marked = {q.panel for q in panel_queries(load(), VALUES) if q.gpu_only}
-    assert marked == {"Placement verified", "GPU utilisation", "GPU memory used", "NVLink throughput"}
+        for mark, series in ((GPU_ONLY, GPU_SERIES), (KV_EVENTS_ONLY, KV_SERIES)):
+            assert p["description"].startswith(mark) == all(name.startswith(series) for name in read), p["title"]
+    marked = {q.panel: q.only for q in panel_queries(load(), VALUES) if q.only}
+    assert marked == {"Placement verified": GPU_ONLY, "GPU utilisation": GPU_ONLY, "GPU memory used": GPU_ONLY,
+                      "NVLink throughput": GPU_ONLY, "KV index: blocks and trust": KV_EVENTS_ONLY,
+                      "KV events: lag and losses": KV_EVENTS_ONLY}
 
 
 def _vector(*values: str) -> dict:

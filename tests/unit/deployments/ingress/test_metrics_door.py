@@ -126,3 +126,30 @@ def test_streams_moved_mid_stream_are_counted_by_model_and_outcome():
                     for f in families for s in f.samples).decode()
     assert "hbmserve_door_migrations_total 4 [('model', 'm'), ('outcome', 'resumed')]" in text
     assert "hbmserve_door_migrations_total 1 [('model', 'm'), ('outcome', 'failed')]" in text
+
+
+def test_the_kv_index_of_each_model_is_exported_with_what_was_lost_and_what_hashing_cost():
+    from hbmserve.deployments.ingress.door_metrics import Refusals
+    from hbmserve.deployments.kv.door_kv import KvDoorStats
+    from hbmserve.deployments.wire.engine_metrics import exposition
+    from hbmserve.routing.kv_index import IndexStats
+
+    index = IndexStats(replicas=3, hbm_hashes=1200, host_hashes=5000, batches=90, stale_batches=2, gaps=3, resets=1,
+                       overflowed=7, distrusted=("r2",), max_lag_s=0.25)
+    kv = {"m": KvDoorStats(index, streams=2, unreadable=1, hashed=40, hash_s=0.02, tokenizer="loaded")}
+    got = samples(exposition(door_families(Refusals(), {}, [], {}, {}, None, kv)).decode())
+
+    def value(name: str, **labels: str) -> float:
+        return got[(name, tuple(sorted({"model": "m", **labels}.items())))]
+
+    assert value("hbmserve_kv_index_blocks", tier="hbm") == 1200 and value("hbmserve_kv_index_blocks", tier="host") == 5000
+    assert value("hbmserve_kv_index_lag_seconds") == 0.25 and value("hbmserve_kv_index_streams") == 2
+    assert value("hbmserve_kv_index_untrusted_replicas") == 1
+    assert [value("hbmserve_kv_event_batches_total", outcome=o) for o in ("applied", "stale", "unreadable")] == [90, 2, 1]
+    assert value("hbmserve_kv_index_gaps_total", outcome="replayed") == 2
+    assert value("hbmserve_kv_index_gaps_total", outcome="reset") == 1
+    assert value("hbmserve_kv_index_overflowed_blocks_total") == 7
+    assert value("hbmserve_door_prompt_hash_seconds_total") / value("hbmserve_door_prompt_hashes_total") == 0.0005
+    # A model without KV events exports none of these, not zeros that would read as "nothing cached".
+    assert not any(k[0].startswith("hbmserve_kv_") for k in samples(exposition(
+        door_families(Refusals(), {}, [], {}, {}, None, {})).decode()))

@@ -14,10 +14,10 @@ from hbmserve.core.records import Histogram
 from hbmserve.deployments.ingress.door_metrics import merge_families
 from hbmserve.deployments.wire.engine_metrics import (ENGINE_FAMILIES, TPOT, TTFT, exposition, histogram_of,
                                                  parse_engine_text, relabel)
-from hbmserve.deployments.replica.sim_metrics import TTFT_BUCKETS, SimEngineMetrics
+from hbmserve.deployments.replica.sim_metrics import TTFT_BUCKETS, GaugeStats, SimEngineMetrics
 
 
-def sim_metrics(stats=(2, 1, 0.25, 3)) -> SimEngineMetrics:
+def sim_metrics(stats=GaugeStats(2, 1, 0.25, 3, 640, 512)) -> SimEngineMetrics:
     return SimEngineMetrics("llama", lambda: stats)
 
 
@@ -39,6 +39,7 @@ def test_the_sim_engine_exports_every_family_vllm_does_under_its_names():
     assert values["vllm:inter_token_latency_seconds_count"] == 3
     assert (values["vllm:num_requests_waiting"], values["vllm:num_requests_running"],
             values["vllm:kv_cache_usage_perc"], values["vllm:num_preemptions_total"]) == (2, 1, 0.25, 3)
+    assert (values["vllm:prefix_cache_queries_total"], values["vllm:prefix_cache_hits_total"]) == (640, 512)
 
 
 def test_a_request_cut_short_counts_its_tokens_but_no_latency():
