@@ -179,11 +179,15 @@ class KvEventsInfo(Record):
     """A replica whose engine publishes its KV events (deployments/kv/kv_stream.py) and how the
     engine names its blocks, so a front door can hash a prompt as the engine does."""
 
-    hashing: str  # HASHING_VLLM: vLLM's sha256_cbor chain over token ids (routing/engine_hashes.py)
+    hashing: str  # HASHING_VLLM or HASHING_TEXT
     block_size: int  # tokens per KV block
 
 
+# vLLM's sha256_cbor chain over token ids (routing/engine_hashes.py): the door tokenizes first.
 HASHING_VLLM = "vllm-sha256_cbor"
+# The simulated engine's: routing/prefix.py prompt_block_hashes over the prompt's text, 64
+# characters a block (deployments/replica/sim_server.py prefix_hashes): no tokenizer needed.
+HASHING_TEXT = "hbmserve-text64"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,9 +5,10 @@ index per model (routing/kv_index.py), kept by one subscriber per replica that p
 
 Every door keeps its own (one stream per replica per door): a door then needs nothing but the
 replicas' ports, and the index is never shared state that could lag behind one door's view.
-The tokenizer is fetched from a replica of the model once (`GET /hbm/tokenizer`); until it has
-loaded, or for a request it cannot render exactly, `hashes` returns None and the door routes
-that request on its approximate text hashes (routing/prefix.py).
+For vLLM engines (HASHING_VLLM) the tokenizer is fetched from a replica of the model once
+(`GET /hbm/tokenizer`); until it has loaded, or for a request it cannot render exactly, `hashes`
+returns None and the door routes that request on its approximate text hashes (routing/prefix.py).
+Simulated engines (HASHING_TEXT) hash the prompt's text, which the door hashes the same way.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hbmserve.core.kv_events import ReplicaKv
-from hbmserve.core.records import HASHING_VLLM, KvEventsInfo, ReplicaEndpoint
+from hbmserve.core.records import HASHING_TEXT, HASHING_VLLM, KvEventsInfo, ReplicaEndpoint
 from hbmserve.deployments.kv.kv_stream import TOKENIZER_PATH
 from hbmserve.deployments.kv.kv_subscriber import KvSubscriber
 from hbmserve.deployments.kv.prompt_tokens import PromptTokenizer, TokenizerUnavailable
 from hbmserve.routing.engine_hashes import engine_block_hashes
 from hbmserve.routing.kv_index import IndexLimits, IndexStats, KvIndex
+from hbmserve.routing.prefix import chat_prompt_text, prompt_block_hashes
 
 log = logging.getLogger("hbmserve.frontdoor")
 
@@ -85,7 +87,9 @@ class DoorKv:
                 m.subscribers[rid] = (sub, loop.create_task(sub.run()))
         if publishing:
             m.info = max(publishing.values(), key=lambda ep: ep.at).kv_events
-            if m.tokenizer is None and self.clock() - m.tokenizer_tried_at >= TOKENIZER_RETRY_S:
+            if m.info.hashing == HASHING_TEXT:
+                m.tokenizer_note = "not needed: the engines hash the prompt's text"
+            elif m.tokenizer is None and self.clock() - m.tokenizer_tried_at >= TOKENIZER_RETRY_S:
                 m.tokenizer_tried_at = self.clock()
                 loop.create_task(self._load_tokenizer(model, next(iter(publishing.values())).url))
 
@@ -119,18 +123,34 @@ class DoorKv:
     def hashes(self, model: str, path: str, body: Mapping[str, Any]) -> tuple[int, ...] | None:
         """The prompt's block hashes as the model's engines compute them, or None: the model's
         engines publish nothing, its tokenizer is not loaded, or the request is one the door
-        cannot tokenize exactly (several prompts, message parts, tools)."""
+        cannot hash exactly (several prompts, message parts, tools)."""
         m = self.models.get(model)
-        if m is None or m.info is None or m.info.hashing != HASHING_VLLM or m.tokenizer is None:
+        if m is None or m.info is None:
             return None
         started = time.perf_counter()
-        ids = self._token_ids(m.tokenizer, path, body)
-        if ids is None:
+        if m.info.hashing == HASHING_TEXT:
+            text = self._text(path, body)
+            out = None if text is None else prompt_block_hashes(text)
+        elif m.info.hashing == HASHING_VLLM and m.tokenizer is not None:
+            ids = self._token_ids(m.tokenizer, path, body)
+            out = None if ids is None else engine_block_hashes(ids, m.info.block_size)
+        else:
             return None
-        out = engine_block_hashes(ids, m.info.block_size)
-        m.hashed += 1
-        m.hash_s += time.perf_counter() - started
+        if out is not None:
+            m.hashed += 1
+            m.hash_s += time.perf_counter() - started
         return out
+
+    @staticmethod
+    def _text(path: str, body: Mapping[str, Any]) -> str | None:
+        """The text the simulated engine hashes (sim_server.py prefix_hashes), where it hashes one."""
+        if path == "/v1/chat/completions":
+            messages = body.get("messages")
+            return chat_prompt_text(messages) if isinstance(messages, list) else None
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        return prompt if isinstance(prompt, str) else None
 
     @staticmethod
     def _token_ids(tok: PromptTokenizer, path: str, body: Mapping[str, Any]) -> list[int] | None:

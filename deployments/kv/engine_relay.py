@@ -17,9 +17,8 @@ import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
-from hbmserve.deployments.kv.kv_stream import HEARTBEAT_S, frame, heartbeat
+from hbmserve.deployments.kv.kv_stream import Batch, serve_events, serve_replay
 
 END_SEQ = -1
 REPLAY_TIMEOUT_S = 2.0
@@ -53,60 +52,42 @@ class EngineKvRelay:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.setsockopt(zmq.LINGER, 0)
         sub.connect(f"ipc://{self.pub_path}")
-        gone = asyncio.Event()
 
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
+        async def next_batch(timeout_s: float) -> Batch | None:
+            if not await sub.poll(timeout_s * 1000):
+                return None
+            seq, payload = (await sub.recv_multipart())[-2:]
+            return int.from_bytes(seq, "big", signed=True), payload
 
-        watcher = asyncio.get_running_loop().create_task(watch())
         self.streams += 1
         try:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"application/octet-stream"), (b"cache-control", b"no-store")]})
-            while not gone.is_set():
-                if await sub.poll(HEARTBEAT_S * 1000):
-                    seq, payload = (await sub.recv_multipart())[-2:]
-                    out = frame(int.from_bytes(seq, "big", signed=True), payload)
-                else:
-                    out = heartbeat()
-                if not gone.is_set():
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            await serve_events(receive, send, next_batch)
         finally:
             self.streams -= 1
-            watcher.cancel()
             sub.close()
 
     async def replay(self, scope, receive, send) -> None:
+        await serve_replay(scope, send, self._buffered)
+
+    async def _buffered(self, start: int) -> list[Batch]:
+        """Ask the engine's ROUTER for the batches from `start` on; what came before a timeout is
+        what the door gets (its index sees what is still missing)."""
         import zmq
         import zmq.asyncio
 
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        start = query.get("from", [""])[0]
-        if not start.isdigit():  # only doors call this, with the internal token: no OpenAI error shape needed
-            await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"text/plain")]})
-            await send({"type": "http.response.body", "body": b"replay needs ?from=<first sequence number>"})
-            return
         dealer = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(f"ipc://{self.replay_path}")
-        out: list[bytes] = []
+        out: list[Batch] = []
         try:
-            await dealer.send_multipart([b"", int(start).to_bytes(8, "big")])
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
             while True:
                 frames = await asyncio.wait_for(dealer.recv_multipart(), REPLAY_TIMEOUT_S)
                 seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq == END_SEQ:
-                    break
-                out.append(frame(seq, frames[-1]))
+                    return out
+                out.append((seq, frames[-1]))
         except asyncio.TimeoutError:
-            pass  # what came is sent; the door's index sees what is still missing
+            return out
         finally:
             dealer.close()
-        body = b"".join(out)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/octet-stream"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
-

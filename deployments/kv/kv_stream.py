@@ -20,7 +20,9 @@ with the internal token, relays them; a door keeps one such stream per replica.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from urllib.parse import parse_qs
 
 EVENTS_PATH = "/hbm/kv/events"
 REPLAY_PATH = "/hbm/kv/replay"
@@ -66,3 +68,44 @@ class FrameReader:
     @property
     def pending(self) -> int:
         return len(self._buf)
+
+
+# ---- the replica's side: two ASGI handlers over any source of batches ----
+Batch = tuple[int, bytes]  # (seq, the batch as vLLM encodes it)
+
+
+async def serve_events(receive, send, next_batch: Callable[[float], Awaitable[Batch | None]]) -> None:
+    """`GET /hbm/kv/events`: a frame for each batch `next_batch(timeout_s)` returns, a heartbeat
+    when it returns None (nothing within the timeout), until the door disconnects."""
+    gone = asyncio.Event()
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/octet-stream"), (b"cache-control", b"no-store")]})
+        while not gone.is_set():
+            batch = await next_batch(HEARTBEAT_S)
+            out = heartbeat() if batch is None else frame(*batch)
+            if not gone.is_set():
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+    finally:
+        watcher.cancel()
+
+
+async def serve_replay(scope, send, batches_from: Callable[[int], Awaitable[list[Batch]]]) -> None:
+    """`GET /hbm/kv/replay?from=N`: the batches from seq N on that the source still buffers."""
+    start = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("from", [""])[0]
+    if not start.isdigit():  # only doors call this, with the internal token: no OpenAI error shape needed
+        await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"replay needs ?from=<first sequence number>"})
+        return
+    body = b"".join(frame(seq, payload) for seq, payload in await batches_from(int(start)))
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/octet-stream"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -73,6 +73,24 @@ def decode_batch(replica_id: str, seq: int, payload: bytes) -> KvEventBatch:
     return KvEventBatch(replica_id, seq, ts, decoded)
 
 
+def encode_batch(ts: float, events: tuple[KvEvent, ...], block_size: int) -> bytes:
+    """A batch as vLLM's publisher encodes it (msgpack of [ts, events, data-parallel rank], each
+    event a map tagged by `type`), for an engine that is not vLLM (the simulated one) to publish
+    what `decode_batch` and vLLM's own consumers read. Token ids are not known: sent empty."""
+    import msgspec
+
+    def one(e: KvEvent) -> dict:
+        if isinstance(e, BlockStored):
+            return {"type": "BlockStored", "block_hashes": list(e.hashes), "parent_block_hash": e.parent,
+                    "token_ids": [], "block_size": block_size, "lora_id": None, "medium": e.medium.value,
+                    "lora_name": None}
+        if isinstance(e, BlockRemoved):
+            return {"type": "BlockRemoved", "block_hashes": list(e.hashes), "medium": e.medium.value}
+        return {"type": "AllBlocksCleared"} | ({} if e.medium is None else {"medium": e.medium.value})
+
+    return msgspec.msgpack.encode([ts, [one(e) for e in events], None])
+
+
 class KvSubscriber:
     """Keeps `index` up to date with one replica's engine. `run()` until cancelled (the replica
     left), which forgets the replica."""

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from hbmserve.capacity.perf.engine_core import EngineConfig, EngineCore, SimRequest
 from hbmserve.capacity.perf.perf_model import Deployment, cost_model
+from hbmserve.core.kv_events import KvEvent
 
 _END = -1
 
@@ -43,10 +44,13 @@ class EngineStats:
 
 class SimEngine:
     def __init__(self, deployment: Deployment, config: EngineConfig, speedup: float = 1.0,
-                 startup_s: float = 0.0, ttft_window_s: float = 60.0) -> None:
+                 startup_s: float = 0.0, ttft_window_s: float = 60.0,
+                 kv_sink: Callable[[tuple[KvEvent, ...]], None] | None = None) -> None:
+        """`kv_sink`: takes each step's KV events (sim_kv.py), for a `config` that publishes them."""
         if speedup <= 0:
             raise ValueError("speedup must be > 0")
         self.core = EngineCore(config, cost_model(deployment))
+        self.kv_sink = kv_sink
         self.speedup, self.startup_s, self.window_s = speedup, startup_s, ttft_window_s
         self._ids = itertools.count()
         self._streams: dict[int, tuple[SimRequest, asyncio.Queue[int], list[int]]] = {}
@@ -155,6 +159,8 @@ class SimEngine:
                 continue
             await asyncio.sleep(plan.total_s / self.speedup)
             finished = self.core.commit(plan, 1, self._wall() * self.speedup)
+            if self.kv_sink is not None:
+                self.kv_sink(self.core.take_kv_events())
             self._emit(finished)
 
     def _apply_aborts(self) -> None:

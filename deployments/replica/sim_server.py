@@ -12,7 +12,8 @@ With `engine_settings.enable_prefix_caching`, each text prompt is cut into block
 the ingress cuts it (routing/prefix.py: chat messages rendered by `chat_prompt_text`, 64
 characters a block, so one hash names 64 / BYTES_PER_TOKEN = 16 estimated tokens), and the
 engine's prefix cache hits are real; `engine_stats()` reports prompt tokens and cache hits.
-Prompts given as token ids are not hashed.
+Prompts given as token ids are not hashed. With `engine_settings.kv_events` too (the default),
+the engine publishes its KV events as a vLLM replica does (sim_kv.py), and the doors route by them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from dataclasses import replace
 from prometheus_client.metrics_core import Metric
 
 from hbmserve.core.config import ModelSpec
+from hbmserve.core.records import HASHING_TEXT, KvEventsInfo
+from hbmserve.deployments.kv.kv_stream import EVENTS_PATH, REPLAY_PATH
+from hbmserve.deployments.replica.engine_args import publishes_kv_events
+from hbmserve.deployments.replica.sim_kv import SimKvPublisher
 from hbmserve.routing.replica_cap import AdmissionBudget
 from hbmserve.deployments.replica.replica_middleware import LoadCounters, ReplicaMiddleware
 from hbmserve.deployments.replica.replica_http import AsgiListener, EngineLoad
@@ -262,7 +267,8 @@ class SimHttpServer:
         self.listener = AsgiListener()
         self.awake = AwakeGate()
         self.wake_delay_s = 0.0  # set in start() for a model whose standbys sleep
-        self.kv_events = None  # the live simulated engine publishes no KV events yet
+        self.kv_events: KvEventsInfo | None = None  # set in start() when the engine publishes them
+        self.kv_publisher: SimKvPublisher | None = None
 
     async def start(self) -> str:
         from hbmserve.capacity.perf.hardware import load_catalog
@@ -274,16 +280,24 @@ class SimHttpServer:
             self.wake_delay_s = sim_wake_s(self.model, sc.deployment.gpu)
         # One hash per ingress block (64 characters, about 16 tokens), so cache hits line up.
         engine_cfg = replace(sc.engine, hash_block_tokens=DEFAULT_BLOCK_CHARS // BYTES_PER_TOKEN)
+        routes = {}
+        if publishes_kv_events(self.model):  # as a vLLM replica does (deployments/kv), from the same setting
+            engine_cfg = replace(engine_cfg, publish_kv_events=True)
+            self.kv_publisher = SimKvPublisher(engine_cfg.hash_block_tokens)
+            routes = {EVENTS_PATH: self.kv_publisher.events, REPLAY_PATH: self.kv_publisher.replay}
         self.engine = SimEngine(sc.deployment, engine_cfg, speedup=self.model.sim.speedup,
-                                startup_s=self.model.sim.startup_s)
+                                startup_s=self.model.sim.startup_s,
+                                kv_sink=self.kv_publisher.publish if self.kv_publisher else None)
         # The start-up delay passes before the port is bound: a replica still "loading weights"
         # must not be announced to the front door.
         await self.engine.wait_ready()
         app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len, self.metrics)
         try:
             asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats,
-                                     self.engine_metrics, self.awake)
+                                     self.engine_metrics, self.awake, routes=routes)
             self.url = await self.listener.serve(asgi, self.host)
+            if self.kv_publisher is not None:
+                self.kv_events = KvEventsInfo(hashing=HASHING_TEXT, block_size=engine_cfg.hash_block_tokens)
         except BaseException:
             await self.engine.shutdown()
             raise

@@ -2,7 +2,8 @@
 simulated engines (Ray's metrics ports, and each front door's /metrics with the admin token, the
 targets `hbmserve status --json` lists); after a few requests the hbmserve_* series have data:
 TTFT histograms labelled model and replica, refusals by reason and tenant, replicas by role,
-$/hour. `hbmserve status --json` carries p95 TTFT/TPOT against the SLO, roles and $/hour. Then
+$/hour, the prefix cache's counters and the doors' KV index (the simulated replicas publish KV
+events with prefix caching on). `hbmserve status --json` carries p95 TTFT/TPOT against the SLO, roles and $/hour. Then
 every query of the Grafana dashboard (ops/grafana/hbmserve.json), one test per panel target,
 returns data from that Prometheus; the panels marked GPU-only or KV-events-only are skipped,
 saying so, where the cluster has none of their series.
@@ -50,7 +51,7 @@ models:
   - name: {MODEL}
     source: simulated
     engine: sim
-    engine_settings: {{max_model_len: 2048, max_num_seqs: 4}}
+    engine_settings: {{max_model_len: 2048, max_num_seqs: 4, enable_prefix_caching: true}}
     sim: {{gpu: h100-sxm, model_config_name: llama-3.1-8b, speedup: 10}}
     slo: {{ttft_p95_ms: 2000, tpot_p95_ms: 100}}
     autoscaling: {{min_replicas: 1, max_replicas: 2, hot_standby: {{min: 1, max: 1}}, upscale_delay_s: 1}}
