@@ -36,6 +36,17 @@ def arrivals_for(trace: Optional[Path], rate: Optional[float], duration: float, 
     return gamma_arrivals(rate, duration, burstiness, prompt, output, length_cv=SYNTHETIC_LENGTH_CV, seed=seed)
 
 
+def config_model(config: Path, model: Optional[str]):
+    """The named model of a cluster config (the first without a name); raises `fail` when absent."""
+    from hbmserve.core.config import load_cluster_spec
+
+    spec = load_cluster_spec(config)
+    m = spec.model(model) if model else spec.models[0]
+    if m is None:
+        raise fail(f"--model {model!r} is not in {config} ({', '.join(x.name for x in spec.models)})")
+    return m
+
+
 def _progress(enabled: bool):
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -134,7 +145,6 @@ def simulate_cmd(
     """Replay a trace (or synthetic load) through a simulated cluster and report latency and cost."""
     import time
 
-    from hbmserve.core.config import load_cluster_spec
     from hbmserve.core.scaling import Tier
     from hbmserve.capacity.sim.evaluate import with_startup
 
@@ -143,10 +153,7 @@ def simulate_cmd(
     from hbmserve.capacity.perf.scenario import scenario_for
 
     try:
-        spec = load_cluster_spec(config)
-        m = spec.model(model) if model else spec.models[0]
-        if m is None:
-            raise fail(f"--model {model!r} is not in {config} ({', '.join(x.name for x in spec.models)})")
+        m = config_model(config, model)
         overrides = {t: s for t, s in ((Tier.HOT, startup_hot), (Tier.WARM, startup_warm),
                                        (Tier.COLD, startup_cold)) if s is not None}
         m = with_startup(m, overrides)

@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = (
     "hbmserve.cli.serve_config",
     "hbmserve.cli.placement",
     "hbmserve.cli.capacity",
+    "hbmserve.cli.tier_plan",
     "hbmserve.cli.autoscale",
     "hbmserve.cli.weights_cache",
     "hbmserve.cli.bench",
