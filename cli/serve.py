@@ -7,7 +7,6 @@ import json
 import os
 import shlex
 import signal
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -17,12 +16,12 @@ import typer
 from rich.console import Console
 
 from hbmserve.cli.rollout_view import print_rollouts, update_running
+from hbmserve.cli.status_view import print_models, role_note
 from hbmserve.cli.user_errors import EXIT_FAILED, fail
 from hbmserve.cluster.checks import load_deployable, slo_findings
 from hbmserve.cluster.tiny_model import TinyModelShape
 from hbmserve.core.config import ClusterSpec, ConfigError
 from hbmserve.core.engine_settings import EngineKind
-from hbmserve.core.scaling import ReplicaState
 
 err = Console(stderr=True)
 out = Console()
@@ -312,7 +311,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
         table.add_column(col)
     for m in models:
         reps = ", ".join(f"{n} {s.lower()}" for s, n in sorted(m.replicas.items())) or "-"
-        accepted = " / ".join(str(r.accepted) + _role_note(r) for r in m.replica_stats) or "-"
+        accepted = " / ".join(str(r.accepted) + role_note(r) for r in m.replica_stats) or "-"
         table.add_row(m.name, m.app_status, reps, "\n".join(m.endpoints) or "-", accepted)
     out.print(table if models else "no models deployed")
     out.print(f"Prometheus scrape targets: {', '.join(targets) or '-'}; front doors (/metrics, admin token): "
@@ -323,67 +322,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
                   f"{'' if warm.node_autoscaler else ' (none runs)'}; {warm.reason}; prefetched "
                   f"{len(ok)} model(s) onto {len({p.node_id for p in ok})} node(s)", highlight=False)
     print_rollouts(out, rollouts)
-    for m in models:
-        out.print(f"[bold]{m.name}[/] {_figures(m)}", highlight=False, soft_wrap=True)
-        if m.autoscale:
-            out.print(f"[bold]{m.name}[/] autoscale -> {m.autoscale.serve_target} replicas: {m.autoscale.reason}",
-                      highlight=False)
-        starts = [r for r in m.replica_stats if r.weights_cached is not None]
-        if starts:
-            hits = sum(1 for r in starts if r.weights_cached)
-            out.print(f"[bold]{m.name}[/] weights: {hits} of {len(starts)} replicas started from the node's cache; "
-                      f"{len(starts) - hits} fetched from the source (slowest "
-                      f"{max(r.weights_s or 0.0 for r in starts):.1f} s)", highlight=False)
-        if any(r.sleeping or r.wake_s is not None for r in m.replica_stats):
-            out.print(f"[bold]{m.name}[/] {_sleep_line(m.replica_stats)}", highlight=False)
-        if m.traffic:
-            t = m.traffic
-            out.print(f"[bold]{m.name}[/] front doors: {sum(x.accepted for x in t)} accepted, "
-                      f"{sum(x.rejected for x in t)} refused, {sum(x.queued for x in t)} queued now; "
-                      f"replicas reached: {' / '.join(str(x.routable) for x in t)}", highlight=False)
-        placed = [r.placement for r in m.replica_stats if r.placement is not None]
-        if placed:
-            ok = sum(1 for p in placed if p.placement_verified)
-            out.print(f"[bold]{m.name}[/] placement verified on {ok}/{len(placed)} replicas", highlight=False)
-            for p in placed:
-                if not p.placement_verified:
-                    out.print(f"  [yellow]{p.reason}[/] (expected extra all-reduce "
-                              f"{p.expected_extra_allreduce_us} us)", highlight=False)
-
-
-def _role_note(r) -> str:
-    if r.role is not ReplicaState.STANDBY:
-        return ""
-    return " (asleep)" if r.sleeping else " (standby)"
-
-
-def _sleep_line(stats) -> str:
-    """Standbys asleep now and the wakes the replicas measured (the sleeping tier's start-up)."""
-    asleep = sum(1 for r in stats if r.sleeping)
-    wakes = [r.wake_s for r in stats if r.wake_s is not None]
-    wake = (f"last wake {statistics.median(wakes):.2f} s (median of {len(wakes)} replica{'s' * (len(wakes) > 1)})"
-            if wakes else "no wake measured yet")
-    return f"sleep mode: {asleep} standby asleep; {wake}"
-
-
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else (f"{value:.2f}s" if value >= 1 else f"{value * 1000:.0f}ms")
-
-
-def _figures(m) -> str:
-    """p95 TTFT/TPOT against the SLO, replicas by role, $/hour: one line."""
-    r = m.roles
-    roles = (f"replicas {r.active} active, {r.standby} standby, {r.starting} starting, {r.draining} draining, "
-             f"{r.warm} warm")
-    cost = "$/hour -" if m.usd_per_hour is None else f"${m.usd_per_hour:.2f}/hour"
-    lat = m.latency
-    if lat is None:
-        return f"p95 TTFT -, TPOT - (no replica reported); {roles}; {cost}"
-    verdict = {True: "ok", False: "[red]over[/]", None: "-"}
-    return (f"p95 TTFT {_seconds(lat.ttft_p95_s)} / SLO {_seconds(lat.slo_ttft_p95_s)} {verdict[lat.ttft_ok]}, "
-            f"TPOT {_seconds(lat.tpot_p95_s)} / SLO {_seconds(lat.slo_tpot_p95_s)} {verdict[lat.tpot_ok]} "
-            f"({lat.requests} requests since the replicas started); {roles}; {cost}")
-
+    print_models(out, models)
 
 def register(app: typer.Typer) -> None:
     app.add_typer(model_app, name="model")

@@ -321,6 +321,21 @@ class IngressDemand(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class KvRouting(Record):
+    """One front door's KV index for one model (deployments/kv/door_kv.py), for `status`."""
+
+    streams: int  # replicas whose KV event stream is up
+    hbm_blocks: int
+    host_blocks: int
+    untrusted: int  # replicas routed on load now (a gap being replayed, lag past the bound)
+    max_lag_s: float
+    batches: int  # event batches applied
+    lost: int  # batches unreadable, plus gaps that replay could not fill
+    hashed: int  # requests hashed as the engines hash them
+    hash_ms: float  # the door's time doing it, per request
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelTraffic(Record):
     """One front door's view of one model."""
 
@@ -333,6 +348,7 @@ class ModelTraffic(Record):
     retried: int = 0  # requests whose replica failed before answering, sent to another once
     migrated: int = 0  # streams that broke mid-way and went on from another replica
     migration_failed: int = 0  # broken streams that could not go on (limit spent, not resumable)
+    kv: KvRouting | None = None  # set where the model's engines publish KV events
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,7 +32,7 @@ from hbmserve.deployments.ingress.front_door_access import AccessGuard, KeyFiles
 from hbmserve.deployments.ingress.front_door_app import BodyLimits, FrontDoorApp
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission
 from hbmserve.deployments.ingress.gpu_metrics import GpuCollector
-from hbmserve.deployments.kv.door_kv import DoorKv
+from hbmserve.deployments.kv.door_kv import DoorKv, kv_routing
 from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
 from hbmserve.deployments.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
 from hbmserve.deployments.wire.records_store import (RENEW_S, info_reply, latest_decision, latest_deployed, live_doors,
@@ -158,11 +158,13 @@ class FrontDoor:
     def _info(self) -> IngressInfo:
         import psutil
 
+        kv = self.kv.reports()
         models = tuple(ModelTraffic(model=name, accepted=a.accepted, rejected=a.rejected,
                                     in_flight=a.in_flight_sequences + a.queued, queued=a.queued,
                                     routable=self.table.routable(name), retried=self.app.retried.get(name, 0),
                                     migrated=self.app.migrated.get(name, 0),
-                                    migration_failed=self.app.migration_failed.get(name, 0))
+                                    migration_failed=self.app.migration_failed.get(name, 0),
+                                    kv=kv_routing(kv[name]) if name in kv else None)
                        for name, a in self.admission.items())
         return IngressInfo(node_id=self.node_id, url=self.url, own_url=self.own_url, auth=self.guard.enforced,
                            connections=self.server.connections,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hbmserve.core.kv_events import ReplicaKv
-from hbmserve.core.records import HASHING_TEXT, HASHING_VLLM, KvEventsInfo, ReplicaEndpoint
+from hbmserve.core.records import HASHING_TEXT, HASHING_VLLM, KvEventsInfo, KvRouting, ReplicaEndpoint
 from hbmserve.deployments.kv.kv_stream import TOKENIZER_PATH
 from hbmserve.deployments.kv.kv_subscriber import KvSubscriber
 from hbmserve.deployments.kv.prompt_tokens import PromptTokenizer, TokenizerUnavailable
@@ -46,6 +46,13 @@ class KvDoorStats:
     hashed: int  # requests hashed as the engines hash them
     hash_s: float  # the door's time tokenizing and hashing them
     tokenizer: str  # "loaded", or why not
+
+
+def kv_routing(k: KvDoorStats) -> KvRouting:
+    i = k.index
+    return KvRouting(streams=k.streams, hbm_blocks=i.hbm_hashes, host_blocks=i.host_hashes, untrusted=len(i.distrusted),
+                     max_lag_s=i.max_lag_s, batches=i.batches, lost=k.unreadable + i.resets, hashed=k.hashed,
+                     hash_ms=1000 * k.hash_s / k.hashed if k.hashed else 0.0)
 
 
 @dataclass

@@ -15,11 +15,13 @@ from typer.testing import CliRunner
 from hbmserve.cli.serve import register
 from hbmserve.cluster import ray_cluster as rc
 from hbmserve.cluster.status_figures import LatencyVsSlo
-from hbmserve.core.records import (CrossedGroup, DecisionRecord, ModelTraffic, ObservedRank, PlacementReport,
-                                   RecordError, ReplicaRoles)
+from hbmserve.core.records import (CrossedGroup, DecisionRecord, KvRouting, ModelTraffic, ObservedRank,
+                                   PlacementReport, RecordError, ReplicaRoles)
 from hbmserve.core.scaling import ReplicaState, Tier
 
 URL = "http://127.0.0.1:18000"
+KV = KvRouting(streams=2, hbm_blocks=900, host_blocks=4000, untrusted=1, max_lag_s=0.05, batches=300, lost=2,
+               hashed=40, hash_ms=0.35)
 
 
 def models() -> list[rc.ModelStatus]:
@@ -35,11 +37,12 @@ def models() -> list[rc.ModelStatus]:
                                         ObservedRank(rank=1, node="pairs-a", gpu=2)))
     return [rc.ModelStatus(
         name="sleepy", app_status="RUNNING", replicas={"RUNNING": 2}, endpoints=(URL,), message="",
-        replica_stats=(rc.ReplicaStats("aaaaaaaa:11", URL, 7, 0, 1, ReplicaState.ACTIVE, crossed),
+        replica_stats=(rc.ReplicaStats("aaaaaaaa:11", URL, 7, 0, 1, ReplicaState.ACTIVE, crossed, prompt_tokens=1000,
+                                       prefix_hit_tokens=600),
                        rc.ReplicaStats("bbbbbbbb:12", URL, 0, 0, 0, ReplicaState.STANDBY, sleeping=True,
                                        wake_s=1.75)),
         autoscale=decision,
-        traffic=(ModelTraffic(model="sleepy", accepted=3, rejected=1, in_flight=2, queued=1, routable=1),
+        traffic=(ModelTraffic(model="sleepy", accepted=3, rejected=1, in_flight=2, queued=1, routable=1, kv=KV),
                  ModelTraffic(model="sleepy", accepted=4, rejected=0, in_flight=0, queued=0, routable=1)),
         latency=LatencyVsSlo(ttft_p95_s=0.25, tpot_p95_s=0.15, slo_ttft_p95_s=2.0, slo_tpot_p95_s=0.1, requests=40),
         roles=ReplicaRoles(starting=1, active=1, standby=1, draining=0, warm=2), usd_per_hour=6.0)]
@@ -76,7 +79,7 @@ def test_status_json_keeps_its_shape(cli):
                            "expected_extra_allreduce_us": 7.5,
                            "observed": [{"rank": 0, "node": "pairs-a", "gpu": 0},
                                         {"rank": 1, "node": "pairs-a", "gpu": 2}]},
-             "prompt_tokens": 0, "prefix_hit_tokens": 0, "weights_cached": None, "weights_s": None,
+             "prompt_tokens": 1000, "prefix_hit_tokens": 600, "weights_cached": None, "weights_s": None,
              "load_s": None, "sleeping": False, "wake_s": None},
             {"replica": "bbbbbbbb:12", "url": URL, "accepted": 0, "rejected": 0, "in_flight": 0, "role": "standby",
              "placement": None, "prompt_tokens": 0, "prefix_hit_tokens": 0, "weights_cached": None,
@@ -87,9 +90,11 @@ def test_status_json_keeps_its_shape(cli):
                       "reason": "steady; 1 hot standby",
                       "serve_target": 2},
         "traffic": [{"model": "sleepy", "accepted": 3, "rejected": 1, "in_flight": 2, "queued": 1, "routable": 1,
-                     "retried": 0, "migrated": 0, "migration_failed": 0},
+                     "retried": 0, "migrated": 0, "migration_failed": 0,
+                     "kv": {"streams": 2, "hbm_blocks": 900, "host_blocks": 4000, "untrusted": 1, "max_lag_s": 0.05,
+                            "batches": 300, "lost": 2, "hashed": 40, "hash_ms": 0.35}},
                     {"model": "sleepy", "accepted": 4, "rejected": 0, "in_flight": 0, "queued": 0, "routable": 1,
-                     "retried": 0, "migrated": 0, "migration_failed": 0}],
+                     "retried": 0, "migrated": 0, "migration_failed": 0, "kv": None}],
         "latency": {"ttft_p95_s": 0.25, "tpot_p95_s": 0.15, "slo_ttft_p95_s": 2.0, "slo_tpot_p95_s": 0.1,
                     "requests": 40},
         "roles": {"starting": 1, "active": 1, "standby": 1, "draining": 0, "warm": 2},
@@ -112,6 +117,8 @@ def test_status_text_is_printed_from_typed_fields(cli):
     assert ("sleepy p95 TTFT 250ms / SLO 2.00s ok, TPOT 150ms / SLO 100ms over (40 requests since the replicas "
             "started); replicas 1 active, 1 standby, 1 starting, 0 draining, 2 warm; $6.00/hour") in text
     assert "front doors (/metrics, admin token): 127.0.0.1:41234" in text
+    assert ("sleepy prefix cache hit 60.0% (60% by replica); KV index at 1 door(s): 900 HBM + 4000 host blocks, "
+            "streams 2, untrusted 1, lag 0.05 s, batches lost 2 of 300, hashing 0.35 ms a request") in text
 
 
 def test_a_malformed_record_is_a_cluster_error_the_cli_prints(monkeypatch):
