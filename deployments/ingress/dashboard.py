@@ -38,6 +38,8 @@ class ReplicaView(Record):
     running: int
     kv_usage: float
     placement: PlacementReport | None = None
+    prompt_tokens: int = 0  # since the replica started, looked up in its prefix cache
+    prefix_hit_tokens: int = 0  # of those, found there
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +78,10 @@ class ModelSample(Record):
     roles: ReplicaRoles
     tokens_per_s: float
     usd_per_hour: float | None
+    # Summed over the model's replicas since each started: the page draws the hit rate between
+    # two samples from their differences.
+    prompt_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,7 +179,9 @@ def model_sample(m: ModelInputs) -> ModelSample:
     cost = None if m.usd_per_replica_hour is None else billed * m.usd_per_replica_hour
     return ModelSample(model=m.model, ttft_p95_s=m.latency.ttft_p95_s, tpot_p95_s=m.latency.tpot_p95_s,
                        queue_depth=m.held + sum(r.waiting for r in m.replicas), roles=roles,
-                       tokens_per_s=m.latency.tokens_per_s, usd_per_hour=cost)
+                       tokens_per_s=m.latency.tokens_per_s, usd_per_hour=cost,
+                       prompt_tokens=sum(r.prompt_tokens for r in m.replicas),
+                       prefix_hit_tokens=sum(r.prefix_hit_tokens for r in m.replicas))
 
 
 def build_sample(now: float, models: tuple[ModelInputs, ...]) -> DashboardSample:

@@ -188,7 +188,8 @@ class DashboardFeed:
         for m in self.spec.models:
             views = tuple(ReplicaView(replica=r.endpoint.replica, node_id=r.endpoint.node_id, reachable=r.reachable,
                                       waiting=r.waiting, running=r.running, kv_usage=r.kv_usage,
-                                      placement=r.endpoint.placement)
+                                      placement=r.endpoint.placement, prompt_tokens=r.prompt_tokens,
+                                      prefix_hit_tokens=r.prefix_hit_tokens)
                           for r in self.table.replicas.get(m.name, {}).values())
             out.append(ModelInputs(
                 model=m.name, ttft_slo_s=m.slo.ttft_p95_ms / 1000, tpot_slo_s=m.slo.tpot_p95_ms / 1000,

@@ -50,6 +50,8 @@ class KnownReplica:
     waiting: int = 0
     running: int = 0
     kv_usage: float = 0.0
+    prompt_tokens: int = 0  # since its start, looked up in its prefix cache
+    prefix_hit_tokens: int = 0  # of those, found there
     sent_since_poll: int = 0
     prefixes: RecentPrefixes = field(default_factory=lambda: RecentPrefixes(PREFIX_MEMORY))
     unreachable_since: float | None = None  # loop time of the first poll failed in a row
@@ -137,6 +139,7 @@ class ReplicaTable:
             return
         r.reachable, r.unreachable_since = True, None
         r.waiting, r.running, r.kv_usage = report.waiting, report.running, report.kv_usage
+        r.prompt_tokens, r.prefix_hit_tokens = report.prompt_tokens, report.prefix_hit_tokens
         r.sent_since_poll = 0
 
     # -- routing ------------------------------------------------------------------------

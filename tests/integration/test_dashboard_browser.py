@@ -45,7 +45,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 PORT = 18500  # no other test uses it
 KEY, ADMIN = "dash-tenant-key-0123456789", "dash-admin-token-0123456789"
 TENANT_H, ADMIN_H = {"authorization": f"Bearer {KEY}"}, {"authorization": f"Bearer {ADMIN}"}
-CHARTS = ("ttft", "tpot", "queue", "roles", "tokens", "cost")
+CHARTS = ("ttft", "tpot", "queue", "roles", "tokens", "prefix", "cost")
 # ~3 ms per token: streams last long enough for the door to see token gaps.
 SIM = {"gpu": "h100-sxm", "model_config_name": "llama-3.1-8b", "speedup": 2.0}
 

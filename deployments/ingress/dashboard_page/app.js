@@ -74,6 +74,20 @@ function seriesOf(history, models, pick) {
   }));
 }
 
+// The prefix cache's hit rate between two samples, from the counters' differences (prompt tokens
+// looked up, found); none where no prompt came or a replica left (a counter went down).
+function prefixRates(history, models) {
+  return models.map((m, i) => ({
+    name: m, colour: i,
+    points: history.map((s, k) => {
+      const now = s.models.find((x) => x.model === m), before = k ? history[k - 1].models.find((x) => x.model === m) : null;
+      if (!now || !before) return [s.at, null];
+      const looked = now.prompt_tokens - before.prompt_tokens, found = now.prefix_hit_tokens - before.prefix_hit_tokens;
+      return [s.at, looked > 0 && found >= 0 ? (100 * found) / looked : null];
+    }),
+  }));
+}
+
 function drawCharts(snap) {
   const h = snap.history, models = snap.slo.map((s) => s.model);
   const ms = (v) => (v === null ? null : v * 1000);
@@ -88,6 +102,7 @@ function drawCharts(snap) {
     queue: [seriesOf(h, models, (m) => m.queue_depth), ""],
     roles: [ROLES.map((r) => ({ name: r, points: h.map((s) => [s.at, s.models.reduce((a, m) => a + m.roles[r], 0)]) })), ""],
     tokens: [seriesOf(h, models, (m) => m.tokens_per_s), "/s"],
+    prefix: [prefixRates(h, models), " %"],
     cost: [sum((m) => m.usd_per_hour), " $/h"],
   };
   for (const [name, [series, unit]] of Object.entries(charts)) {

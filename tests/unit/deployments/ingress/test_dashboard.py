@@ -32,9 +32,10 @@ def decision(at: float = 1.0, active=("a", "b"), standby=("c",), serve_target: i
                           standby_replicas=standby, reason=reason, serve_target=serve_target)
 
 
-def view(replica: str, waiting: int = 0, placement: PlacementReport | None = None) -> ReplicaView:
+def view(replica: str, waiting: int = 0, placement: PlacementReport | None = None, prompt: int = 0,
+         hits: int = 0) -> ReplicaView:
     return ReplicaView(replica=replica, node_id=f"node-of-{replica}", reachable=True, waiting=waiting, running=1,
-                       kv_usage=0.1, placement=placement)
+                       kv_usage=0.1, placement=placement, prompt_tokens=prompt, prefix_hit_tokens=hits)
 
 
 def inputs(model: str = "m", replicas=(), decision_=None, fixed: int | None = None, held: int = 0,
@@ -67,9 +68,10 @@ def test_every_known_replica_has_exactly_one_role_and_serve_s_target_is_covered(
 
 def test_a_sample_sums_the_queues_and_prices_every_replica_that_holds_gpus():
     latency = ClientLatency(ttft_p95_s=0.4, tpot_p95_s=0.02, tokens_per_s=120.0)
-    m = inputs(replicas=[view("a", waiting=3), view("b", waiting=1), view("c")], decision_=decision(serve_target=4),
-               held=2, latency=latency)
+    m = inputs(replicas=[view("a", waiting=3, prompt=1000, hits=250), view("b", waiting=1, prompt=500, hits=500),
+                         view("c")], decision_=decision(serve_target=4), held=2, latency=latency)
     s = model_sample(m)
+    assert (s.prompt_tokens, s.prefix_hit_tokens) == (1500, 750)  # the page draws the rate from their differences
     assert s.queue_depth == 2 + 3 + 1
     assert (s.roles.starting + s.roles.active + s.roles.standby + s.roles.draining) == 4 and s.usd_per_hour == 4 * 8.0  # starting replicas hold GPUs too
     assert (s.ttft_p95_s, s.tpot_p95_s, s.tokens_per_s) == (0.4, 0.02, 120.0)
