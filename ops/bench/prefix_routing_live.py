@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,12 +84,15 @@ models:
 """
 
 
-async def replay(url: str, turns: list[Turn], max_tokens: int) -> list[float | None]:
-    async def one(client: httpx.AsyncClient, turn: Turn, t0: float) -> float | None:
+async def replay(urls: Sequence[str], turns: Sequence[Turn], max_tokens: int,
+                 model: str = "llama-70b-sim") -> list[float | None]:
+    """Each turn at its time through front door i mod len(urls), streamed; the TTFT of each
+    (None: not 200)."""
+    async def one(client: httpx.AsyncClient, i: int, turn: Turn, t0: float) -> float | None:
         await asyncio.sleep(max(0.0, t0 + turn.at_s - time.monotonic()))
         sent = time.monotonic()
-        body = {"model": "llama-70b-sim", "messages": list(turn.messages), "max_tokens": max_tokens, "stream": True}
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        body = {"model": model, "messages": list(turn.messages), "max_tokens": max_tokens, "stream": True}
+        async with client.stream("POST", f"{urls[i % len(urls)]}/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
                 await r.aread()
                 return None
@@ -100,7 +104,7 @@ async def replay(url: str, turns: list[Turn], max_tokens: int) -> list[float | N
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as client:
         t0 = time.monotonic() + 0.5
-        return await asyncio.gather(*(one(client, t, t0) for t in turns))
+        return await asyncio.gather(*(one(client, i, t, t0) for i, t in enumerate(turns)))
 
 
 def prefix_counters() -> tuple[int, int]:
@@ -131,7 +135,7 @@ def one_run(router: str, turns: list[Turn], max_tokens: int) -> dict:
         subprocess.run([*hb, "up", "--detach", "--allow-slo-miss", f.name], check=True,
                        stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
-        ttfts = asyncio.run(replay(f"http://127.0.0.1:{PORT}", turns, max_tokens))
+        ttfts = asyncio.run(replay([f"http://127.0.0.1:{PORT}"], turns, max_tokens))
         time.sleep(1.0)
         prompt, hit = prefix_counters()
     finally:
