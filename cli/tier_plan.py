@@ -1,5 +1,6 @@
-"""`hbmserve plan-host-tier`: how much host memory to give a model's KV tier, priced against the
-GPU-hours it saves on a trace (capacity/planning/host_tier.py)."""
+"""KV cache planning commands: `hbmserve plan-host-tier` (how much host memory to give a model's
+KV tier, priced against the GPU-hours it saves on a trace, capacity/planning/host_tier.py) and
+`hbmserve prefix-trace` (prefix-heavy traces with hash_ids to plan and simulate on)."""
 
 from __future__ import annotations
 
@@ -75,5 +76,32 @@ def _print(name: str, plan, price: float, default_price: bool) -> None:
             highlight=False, soft_wrap=True)
 
 
+def prefix_trace_cmd(
+    shape: Annotated[str, typer.Option("--shape", help="system-prompts | multi-turn | agent-loops")],
+    out: Annotated[Path, typer.Option("--out", help="the JSONL file to write")],
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    duration: Annotated[Optional[float], typer.Option("--duration", help="seconds (default: the shape's)")] = None,
+) -> None:
+    """Write a prefix-heavy trace (shared system prompts, multi-turn chats, agent loops) as JSONL with
+    hash_ids, for `simulate`, `plan-host-tier` and `autoscale evaluate`."""
+    from dataclasses import replace
+
+    from hbmserve.capacity.traces.arrivals import TraceError, write_jsonl_trace
+    from hbmserve.capacity.traces.prefix_trace import PREFIX_SHAPES, prefix_arrivals
+
+    if shape not in PREFIX_SHAPES:
+        raise fail(f"--shape {shape!r}: one of {', '.join(PREFIX_SHAPES)}")
+    spec = PREFIX_SHAPES[shape]
+    try:
+        arr = prefix_arrivals(spec if duration is None else replace(spec, duration_s=duration), seed)
+        write_jsonl_trace(arr, out)
+    except TraceError as err:
+        raise fail(str(err)) from None
+    except OSError as err:
+        raise fail(f"--out {out}: {err.strerror or err}") from None
+    typer.echo(f"{len(arr)} requests ({shape}, seed {seed}) written to {out}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("plan-host-tier")(plan_host_tier_cmd)
+    app.command("prefix-trace")(prefix_trace_cmd)

@@ -139,6 +139,16 @@ def read_jsonl_trace(path: str | os.PathLike[str]) -> Arrivals:
     return _finish(t, pr, out, hs if any_hash else None, str(p))
 
 
+def write_jsonl_trace(arrivals: Arrivals, path: str | os.PathLike[str]) -> None:
+    """`arrivals` as `read_jsonl_trace` reads them: arrived_at (s), input_length, output_length,
+    and hash_ids where the trace has them."""
+    hashes = arrivals.hashes or ((),) * len(arrivals)
+    with Path(path).open("w") as f:
+        for t, p, o, h in zip(arrivals.t.tolist(), arrivals.prompt.tolist(), arrivals.output.tolist(), hashes):
+            f.write(json.dumps({"arrived_at": round(t, 6), "input_length": p, "output_length": o,
+                                **({"hash_ids": list(h)} if arrivals.hashes is not None else {})}) + "\n")
+
+
 def read_trace(path: str | os.PathLike[str]) -> Arrivals:
     p = Path(path)
     if not p.is_file():

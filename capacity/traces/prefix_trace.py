@@ -108,3 +108,23 @@ def prefix_arrivals(spec: PrefixTraceSpec = PrefixTraceSpec(), seed: int = 0) ->
     order = np.argsort(np.asarray(t), kind="stable")
     return Arrivals(np.asarray(t)[order], np.asarray(prompt, dtype=np.int64)[order],
                     np.asarray(output, dtype=np.int64)[order], tuple(hashes[i] for i in order))
+
+
+BLOCK_TOKENS = 512  # hash blocks of the named shapes (Mooncake's size)
+
+# Named shapes of prefix-heavy traffic, each one job's (ops/bench/kv_routing.py measures routers on
+# them; `hbmserve prefix-trace` writes them as JSONL with hash_ids):
+# - system prompts: 512 long shared system prompts (Zipf), single questions;
+# - multi-turn: chat sessions of ~6 turns 150 s apart whose prompts carry the whole history;
+# - agent loops: ~20 quick steps a session, each adding a tool result to a growing context.
+PREFIX_SHAPES: dict[str, PrefixTraceSpec] = {
+    "system-prompts": PrefixTraceSpec(duration_s=1200, session_rps=6.0, system_prompts=512, system_prompt_tokens=6000,
+                                      zipf_s=0.8, mean_turns=1, user_tokens=400, output_tokens=200,
+                                      max_context_tokens=32768, block_tokens=BLOCK_TOKENS),
+    "multi-turn": PrefixTraceSpec(duration_s=1200, session_rps=1.2, system_prompts=16, system_prompt_tokens=1500,
+                                  mean_turns=6, think_s=150, user_tokens=2000, output_tokens=400,
+                                  max_context_tokens=32768, block_tokens=BLOCK_TOKENS),
+    "agent-loops": PrefixTraceSpec(duration_s=1200, session_rps=0.6, system_prompts=4, system_prompt_tokens=4000,
+                                   mean_turns=20, think_s=20, user_tokens=800, output_tokens=150,
+                                   max_context_tokens=32768, block_tokens=BLOCK_TOKENS),
+}

@@ -17,11 +17,9 @@ perfect affinity, and an infinite cache. Runs go over replica counts (how the hi
 with the fleet) and host-tier sizes (engine_settings.kv_offload_gib, vLLM's --kv-offloading-size;
 the LRU bound then counts the tier).
 
-Traces, generated and seeded (capacity/traces/prefix_trace.py), each one job's shape:
-- system prompts: 512 long shared system prompts (Zipf), single questions;
-- multi-turn: chat sessions of ~6 turns whose prompts carry the whole history (to 32k tokens);
-- agent loops: ~20 quick steps a session, each adding a tool result to a growing context;
-plus any JSONL trace with `hash_ids` (`--trace FILE`, e.g. Mooncake's conversation trace).
+Traces, generated and seeded: capacity/traces/prefix_trace.py PREFIX_SHAPES (system-prompts,
+multi-turn, agent-loops; `hbmserve prefix-trace` writes them as JSONL), plus any JSONL trace with
+`hash_ids` (`--trace FILE`, e.g. Mooncake's conversation trace).
 
 These are model predictions of the simulator, not measurements on hardware.
 
@@ -45,25 +43,14 @@ from hbmserve.capacity.perf.perf_model import Deployment, memory_fit
 from hbmserve.capacity.sim.cluster_sim import SimCluster, simulate
 from hbmserve.capacity.sim.prefix_bounds import cluster_capacity_hashes, prefix_bounds
 from hbmserve.capacity.traces.arrivals import Arrivals, read_trace
-from hbmserve.capacity.traces.prefix_trace import PrefixTraceSpec, prefix_arrivals
+from hbmserve.capacity.traces.prefix_trace import BLOCK_TOKENS, PREFIX_SHAPES, PrefixTraceSpec, prefix_arrivals
 from hbmserve.core.config import SloSeconds
 from hbmserve.core.routing import PrefixSource
 from hbmserve.routing.routers import ROUTERS
 
 GIB = 1 << 30
-BLOCK_TOKENS = 512  # the traces' hash blocks (Mooncake's size); the engine's KV blocks stay 16 tokens
 
-TRACES: Mapping[str, PrefixTraceSpec] = {
-    "system prompts": PrefixTraceSpec(duration_s=1200, session_rps=6.0, system_prompts=512, system_prompt_tokens=6000,
-                                      zipf_s=0.8, mean_turns=1, user_tokens=400, output_tokens=200,
-                                      max_context_tokens=32768, block_tokens=BLOCK_TOKENS),
-    "multi-turn": PrefixTraceSpec(duration_s=1200, session_rps=1.2, system_prompts=16, system_prompt_tokens=1500,
-                                  mean_turns=6, think_s=150, user_tokens=2000, output_tokens=400,
-                                  max_context_tokens=32768, block_tokens=BLOCK_TOKENS),
-    "agent loops": PrefixTraceSpec(duration_s=1200, session_rps=0.6, system_prompts=4, system_prompt_tokens=4000,
-                                   mean_turns=20, think_s=20, user_tokens=800, output_tokens=150,
-                                   max_context_tokens=32768, block_tokens=BLOCK_TOKENS),
-}
+TRACES: Mapping[str, PrefixTraceSpec] = PREFIX_SHAPES
 
 
 @dataclass(frozen=True)

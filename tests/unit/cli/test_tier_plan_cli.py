@@ -3,6 +3,7 @@ run it: a config and a JSONL trace with hash_ids in, a table or JSON out, clear 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -70,3 +71,21 @@ def test_bad_input_is_one_clear_error_and_exit_2(files, args, message):
     r = invoke(*(str(files / a) if a.endswith((".yaml", ".jsonl", ".csv")) else a for a in args))
     assert r.exit_code == 2, r.output
     assert message in r.output
+
+
+def test_a_written_prefix_trace_reads_back_with_its_hashes_and_simulate_takes_it(tmp_path):
+    from hbmserve.capacity.traces.arrivals import read_trace
+    from hbmserve.capacity.traces.prefix_trace import PREFIX_SHAPES, prefix_arrivals
+    from hbmserve.cli.tier_plan import register as register_kv
+
+    app = typer.Typer()
+    register_kv(app)
+    out = tmp_path / "agent.jsonl"
+    r = CliRunner().invoke(app, ["prefix-trace", "--shape", "agent-loops", "--out", str(out), "--seed", "4",
+                                 "--duration", "60"])
+    assert r.exit_code == 0, r.output
+    back, want = read_trace(out), prefix_arrivals(dataclasses.replace(PREFIX_SHAPES["agent-loops"], duration_s=60), 4)
+    assert back.hashes == want.hashes and back.prompt.tolist() == want.prompt.tolist()
+    assert f"{len(want)} requests (agent-loops, seed 4) written to" in r.output
+    bad = CliRunner().invoke(app, ["prefix-trace", "--shape", "chat", "--out", str(out)])
+    assert bad.exit_code == 2 and "one of system-prompts, multi-turn, agent-loops" in bad.output

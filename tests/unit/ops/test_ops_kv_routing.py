@@ -28,9 +28,9 @@ def test_every_router_against_the_same_bounds(tmp_path):
 
 def test_the_command_writes_json_and_a_table_and_refuses_an_unknown_trace(tmp_path, capsys):
     kv_routing.main(["--out", str(tmp_path), "--seeds", "0", "--replicas", "2", "--host-gib", "0",
-                     "--traces", "agent loops", "--duration-s", "120"])
+                     "--traces", "agent-loops", "--duration-s", "120"])
     doc = json.loads((tmp_path / "kv_routing.json").read_text())
-    assert {r["mode"] for r in doc["rows"]} == set(kv_routing.modes(4)) and doc["traces"]["agent loops"]["duration_s"] == 120
+    assert {r["mode"] for r in doc["rows"]} == set(kv_routing.modes(4)) and doc["traces"]["agent-loops"]["duration_s"] == 120
     assert (tmp_path / "kv_routing.md").read_text().startswith("| trace | replicas |")
     with pytest.raises(SystemExit):
         kv_routing.main(["--traces", "nope"])
