@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hbmserve.core.records import DecisionRecord, PlacementReport, Record, ReplicaRoles
+from hbmserve.core.records import DecisionRecord, KvRouting, PlacementReport, Record, ReplicaRoles
 from hbmserve.core.rollout_records import RolloutRecord
 from hbmserve.placement.topology import ClusterTopology
 
@@ -143,6 +143,14 @@ class ModelSlo(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ModelKvIndex(Record):
+    """This door's KV index for a model whose engines publish KV events."""
+
+    model: str
+    index: KvRouting
+
+
+@dataclass(frozen=True, kw_only=True)
 class DashboardSnapshot(Record):
     at: float
     door: str  # the Ray node id of the front door that answered
@@ -154,6 +162,7 @@ class DashboardSnapshot(Record):
     decisions: tuple[LoggedDecision, ...]  # the plan changes, newest first
     placement: PlacementMap
     rollouts: tuple[RolloutRecord, ...] = ()  # each model's last rollout (cluster/rolling_deploy.py)
+    kv: tuple[ModelKvIndex, ...] = ()  # this door's KV index per model (deployments/kv/door_kv.py)
 
 
 def _role(replica: str, decision: DecisionRecord | None) -> str:
@@ -224,7 +233,8 @@ def placement_map(models: tuple[ModelInputs, ...], topology: ClusterTopology | N
 
 def build_snapshot(now: float, door: str, doors: int, auth: bool, history: tuple[DashboardSample, ...],
                    models: tuple[ModelInputs, ...], logs: dict[str, tuple[DecisionRecord, ...]],
-                   topology: ClusterTopology | None, rollouts: tuple[RolloutRecord, ...] = ()) -> DashboardSnapshot:
+                   topology: ClusterTopology | None, rollouts: tuple[RolloutRecord, ...] = (),
+                   kv: tuple[ModelKvIndex, ...] = ()) -> DashboardSnapshot:
     """`logs`: each autoscaled model's plan changes (records_store.recent_decisions), oldest first."""
     logged = sorted((LoggedDecision(model=name, decision=d) for name, ds in logs.items() for d in ds),
                     key=lambda e: e.decision.at, reverse=True)
@@ -233,4 +243,5 @@ def build_snapshot(now: float, door: str, doors: int, auth: bool, history: tuple
         slo=tuple(ModelSlo(model=m.model, ttft_p95_s=m.ttft_slo_s, tpot_p95_s=m.tpot_slo_s) for m in models),
         history=history,
         current=tuple(LoggedDecision(model=m.model, decision=m.decision) for m in models if m.decision is not None),
-        decisions=tuple(logged[:DECISIONS_SHOWN]), placement=placement_map(models, topology), rollouts=rollouts)
+        decisions=tuple(logged[:DECISIONS_SHOWN]), placement=placement_map(models, topology), rollouts=rollouts,
+        kv=kv)

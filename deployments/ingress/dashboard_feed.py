@@ -29,7 +29,8 @@ from hbmserve.core.config import ClusterSpec
 from hbmserve.core.records import DecisionRecord
 from hbmserve.core.rollout_records import RolloutRecord
 from hbmserve.deployments.ingress.dashboard import (HISTORY, ClientLatency, DashboardSample, DashboardSnapshot,
-                                            ModelInputs, ReplicaView, build_sample, build_snapshot)
+                                                 ModelInputs, ModelKvIndex, ReplicaView, build_sample, build_snapshot)
+from hbmserve.deployments.kv.door_kv import kv_routing
 from hbmserve.deployments.wire.http import openai_error, request_lengths
 from hbmserve.capacity.perf.replica_price import replica_usd_per_hour
 
@@ -201,8 +202,10 @@ class DashboardFeed:
 
     def snapshot(self) -> DashboardSnapshot:
         door, doors, auth = self.door_of()
+        kv = () if self.table.kv is None else tuple(
+            ModelKvIndex(model=name, index=kv_routing(k)) for name, k in self.table.kv.reports().items())
         return build_snapshot(time.time(), door, doors, auth, self.ring.samples(), self.inputs(), self.logs,
-                              self.topology, self.rollouts)
+                              self.topology, self.rollouts, kv)
 
     def messages(self, method: str, path: str) -> tuple[dict, dict]:
         """The reply to a dashboard path (the front door has already checked its credential)."""

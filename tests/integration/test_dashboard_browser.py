@@ -64,7 +64,7 @@ def _spec(d: Path):
             {"name": "sim-placed", "source": "sim", "engine": "sim", "replicas": 2, "parallelism": {"tp": 2},
              "sim": {**SIM, "reserve_gpus": True}, "engine_settings": {"max_model_len": 2048, "max_num_seqs": 8}},
             {"name": "sim-auto", "source": "sim", "engine": "sim", "sim": SIM,
-             "engine_settings": {"max_model_len": 2048, "max_num_seqs": 2},
+             "engine_settings": {"max_model_len": 2048, "max_num_seqs": 2, "enable_prefix_caching": True},
              "slo": {"ttft_p95_ms": 2000, "tpot_p95_ms": 50},
              "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_queue_per_replica": 1,
                              "replica_capacity_rps": 1.0, "upscale_delay_s": 1, "downscale_delay_s": 600,
@@ -105,7 +105,8 @@ def _load(url: str, stop: threading.Event) -> None:
     """Closed-loop streamed completions, 6 at once for the autoscaled model (3x its batch: a queue
     the policy scales up for) and 2 for the placed one, until `stop`."""
     def one(model: str) -> None:
-        body = {"model": model, "prompt": "show me the dashboard", "max_tokens": 48, "stream": True,
+        # Long enough for whole 64-character KV blocks: the prefix-caching model's engines store them.
+        body = {"model": model, "prompt": "show me the dashboard " * 12, "max_tokens": 48, "stream": True,
                 "stream_options": {"include_usage": True}}
         with httpx.Client(base_url=url, headers=TENANT_H, timeout=60) as client:
             while not stop.is_set():
@@ -213,6 +214,8 @@ def test_the_dashboard_shows_live_charts_the_decision_log_and_the_placement_map(
     # The rollout record, as the rolling deploy writes it, shown step by step.
     assert dom["rollouts"] == {"sim-placed": ["done", "sim-placed@2",
                                               [[s.old_replicas, s.new_replicas] for s in rollout.steps]]}
+    # The door's KV index: only the model with prefix caching publishes events, and it holds blocks.
+    assert set(dom["kv"]) == {"sim-auto"} and dom["kv"]["sim-auto"] > 0, dom["kv"]
     assert time.monotonic() - t0 < 75
 
 
@@ -249,9 +252,11 @@ def _dom(page) -> dict:
         for (const r of document.querySelectorAll('.rollout'))
             rollouts[r.dataset.model] = [r.dataset.phase, r.dataset.to,
                 [...r.querySelectorAll('tbody tr')].map((t) => [Number(t.dataset.old), Number(t.dataset.new)])];
-        return {current, log, cells, roles, rollouts};
+        const kv = {};
+        for (const r of document.querySelectorAll('#kv tbody tr')) kv[r.dataset.model] = Number(r.dataset.hbmBlocks);
+        return {current, log, cells, roles, rollouts, kv};
     }""")
     return {"current": {m: (t, set(a)) for m, (t, a) in raw["current"].items()},
             "log": {m: [tuple(e) for e in entries] for m, entries in raw["log"].items()},
             "cells": {(n, g): (rank, plan, ok) for n, g, rank, plan, ok in raw["cells"]},
-            "roles": {m: sorted(r) for m, r in raw["roles"].items()}, "rollouts": raw["rollouts"]}
+            "roles": {m: sorted(r) for m, r in raw["roles"].items()}, "rollouts": raw["rollouts"], "kv": raw["kv"]}

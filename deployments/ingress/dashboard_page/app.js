@@ -131,6 +131,15 @@ function drawDecisions(snap) {
   }));
 }
 
+function drawKv(snap) {
+  $("#kv tbody").replaceChildren(...snap.kv.map(({ model, index: k }) => {
+    const tr = el("tr", { "data-model": model, "data-hbm-blocks": k.hbm_blocks });
+    tr.append(...[model, k.streams, k.hbm_blocks, k.host_blocks, k.untrusted, `${k.max_lag_s.toFixed(2)} s`,
+      `${k.lost} of ${k.batches}`, `${k.hash_ms.toFixed(2)} ms`].map((v) => el("td", {}, String(v))));
+    return tr;
+  }));
+}
+
 function drawRollouts(snap) {
   if (!snap.rollouts.length) return;
   $("#rollouts").replaceChildren(...snap.rollouts.map((r) => {
@@ -202,6 +211,7 @@ function render(snap) {
   drawCharts(snap);
   drawDecisions(snap);
   drawRollouts(snap);
+  drawKv(snap);
   drawPlacement(snap);
 }
 

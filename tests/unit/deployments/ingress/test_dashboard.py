@@ -13,9 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hbmserve.core.records import CrossedGroup, DecisionRecord, ObservedRank, PlacementReport, ReplicaRoles
+from hbmserve.core.records import (CrossedGroup, DecisionRecord, KvRouting, ObservedRank, PlacementReport,
+                                   ReplicaRoles)
 from hbmserve.core.scaling import Tier
-from hbmserve.deployments.ingress.dashboard import (DECISIONS_SHOWN, ClientLatency, DashboardSample, ModelInputs, ReplicaView,
+from hbmserve.deployments.ingress.dashboard import (DECISIONS_SHOWN, ClientLatency, DashboardSample, DashboardSnapshot,
+                                            ModelInputs, ModelKvIndex, ReplicaView,
                                             build_sample, build_snapshot, model_sample, placement_map,
                                             role_counts)
 from hbmserve.deployments.ingress.dashboard_feed import (LATENCY_WINDOW_S, RATE_WINDOW_S, ReplyWatch, ReplyWindow,
@@ -131,7 +133,9 @@ def test_the_snapshot_merges_the_decision_logs_newest_first_and_round_trips_as_j
     latest = decision(at=99.0, reason="hold")
     models = (inputs("m", [view("a")], decision_=latest), inputs("n", [view("x")], fixed=1))
     history = (build_sample(10.0, models), build_sample(12.0, models))
-    snap = build_snapshot(100.0, "door-node", 2, True, history, models, logs, None)
+    kv = (ModelKvIndex(model="m", index=KvRouting(streams=1, hbm_blocks=40, host_blocks=0, untrusted=0,
+                                                  max_lag_s=0.01, batches=12, lost=0, hashed=3, hash_ms=0.2)),)
+    snap = build_snapshot(100.0, "door-node", 2, True, history, models, logs, None, kv=kv)
     ats = [e.decision.at for e in snap.decisions]
     assert len(ats) == DECISIONS_SHOWN and ats == sorted(ats, reverse=True) and ats[0] == 59.0
     assert {e.model for e in snap.decisions} == {"m", "n"}
@@ -141,6 +145,10 @@ def test_the_snapshot_merges_the_decision_logs_newest_first_and_round_trips_as_j
     assert data["history"][0]["models"][0]["roles"] == {"starting": 3, "active": 1, "standby": 0, "draining": 0, "warm": 0}
     assert data["slo"][0] == {"model": "m", "ttft_p95_s": 1.0, "tpot_p95_s": 0.05}
     assert data["decisions"][0]["decision"]["target_standby"] == {"hot": 1}
+    assert data["kv"] == [{"model": "m", "index": {"streams": 1, "hbm_blocks": 40, "host_blocks": 0, "untrusted": 0,
+                                                   "max_lag_s": 0.01, "batches": 12, "lost": 0, "hashed": 3,
+                                                   "hash_ms": 0.2}}]
+    assert DashboardSnapshot.from_json(snap.to_json()) == snap
 
 
 def test_the_ring_keeps_the_last_samples_oldest_first():
