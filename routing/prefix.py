@@ -49,6 +49,19 @@ def prompt_block_hashes(text: str, block_chars: int = DEFAULT_BLOCK_CHARS,
     return tuple(out)
 
 
+def request_text(path: str, body: Mapping[str, Any], first_of_many: bool = False) -> str | None:
+    """The text an OpenAI request's prefix hashes are taken from: its chat messages rendered by
+    `chat_prompt_text`, or its completion prompt (a list of one prompt counts; with
+    `first_of_many`, the first of several). None where it has no text prompt (token ids, none)."""
+    if path == "/v1/chat/completions":
+        messages = body.get("messages")
+        return chat_prompt_text(messages) if isinstance(messages, list) else None
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and (len(prompt) == 1 or first_of_many):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else None
+
+
 def chat_prompt_text(messages: Iterable[Mapping[str, Any]], max_chars: int = MAX_HASHED_CHARS) -> str:
     """OpenAI chat messages as one string, `<|role|>\\ncontent\\n` per message (the framing
     sim_protocol.py counts tokens with), stopping once `max_chars` are rendered.

@@ -41,7 +41,7 @@ from hbmserve.routing.queue import Ask
 from hbmserve.deployments.wire.http import json_response, openai_error
 from hbmserve.deployments.ingress.replica_table import ReplicaTable
 from hbmserve.routing.routers import ROUTERS
-from hbmserve.routing.prefix import chat_prompt_text, prompt_block_hashes
+from hbmserve.routing.prefix import prompt_block_hashes, request_text
 
 log = logging.getLogger("hbmserve.frontdoor")
 
@@ -92,15 +92,6 @@ async def read_body(scope, receive, limits: BodyLimits) -> bytes:
         parts.append(chunk)
         if not message.get("more_body"):
             return b"".join(parts)
-
-
-def prompt_text(path: str, body: dict[str, Any]) -> str:
-    if path == "/v1/chat/completions" and isinstance(body.get("messages"), list):
-        return chat_prompt_text(body["messages"])
-    prompt = body.get("prompt")
-    if isinstance(prompt, list):
-        prompt = prompt[0] if prompt and isinstance(prompt[0], str) else ""
-    return prompt if isinstance(prompt, str) else ""
 
 
 async def _send_error(send, status: int, message: str, err_type: str, code: str, retry_after: int | None = None,
@@ -260,7 +251,7 @@ class FrontDoorApp:
                                   param="n")
                 return
         if path not in RUN_PATHS:  # /tokenize, /detokenize: the engine's tokenizer, not the model
-            tokens = len(prompt_text(path, body)) // CHARS_PER_TOKEN
+            tokens = len(request_text(path, body, first_of_many=True) or "") // CHARS_PER_TOKEN
             gen = Generation(prompts=1, sequences=1, prompt_tokens=tokens, max_tokens=0, all_prompt_tokens=tokens)
         charged = gen.most_tokens(model.engine_settings.max_model_len)
         refused = self.guard.charge(credential, charged, self.table.doors)
@@ -311,7 +302,7 @@ class FrontDoorApp:
         replicas are scored on what they report holding; else the approximate text hashes."""
         self._requests += 1  # the salt of choose's power-of-two draw: spreads ties, reproducibly
         exact = self.table.kv.hashes(model, path, body) if self.table.kv is not None else None
-        hashes = exact if exact is not None else prompt_block_hashes(prompt_text(path, body))
+        hashes = exact if exact is not None else prompt_block_hashes(request_text(path, body, first_of_many=True) or "")
         return RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=hashes, salt=self._requests), \
             exact is not None
 

@@ -28,7 +28,7 @@ from hbmserve.deployments.kv.kv_subscriber import KvSubscriber
 from hbmserve.deployments.kv.prompt_tokens import PromptTokenizer, TokenizerUnavailable
 from hbmserve.routing.engine_hashes import engine_block_hashes
 from hbmserve.routing.kv_index import IndexLimits, IndexStats, KvIndex
-from hbmserve.routing.prefix import chat_prompt_text, prompt_block_hashes
+from hbmserve.routing.prefix import prompt_block_hashes, request_text
 
 log = logging.getLogger("hbmserve.frontdoor")
 
@@ -136,7 +136,7 @@ class DoorKv:
             return None
         started = time.perf_counter()
         if m.info.hashing == HASHING_TEXT:
-            text = self._text(path, body)
+            text = request_text(path, body)  # as the simulated engine takes it (sim_server.prefix_hashes)
             out = None if text is None else prompt_block_hashes(text)
         elif m.info.hashing == HASHING_VLLM and m.tokenizer is not None:
             ids = self._token_ids(m.tokenizer, path, body)
@@ -147,17 +147,6 @@ class DoorKv:
             m.hashed += 1
             m.hash_s += time.perf_counter() - started
         return out
-
-    @staticmethod
-    def _text(path: str, body: Mapping[str, Any]) -> str | None:
-        """The text the simulated engine hashes (sim_server.py prefix_hashes), where it hashes one."""
-        if path == "/v1/chat/completions":
-            messages = body.get("messages")
-            return chat_prompt_text(messages) if isinstance(messages, list) else None
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        return prompt if isinstance(prompt, str) else None
 
     @staticmethod
     def _token_ids(tok: PromptTokenizer, path: str, body: Mapping[str, Any]) -> list[int] | None:
