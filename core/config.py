@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from hbmserve.core.autoscaling_spec import AutoscalingSpec
 from hbmserve.core.cache_spec import WeightCacheSpec
+from hbmserve.core.adapters import AdapterSpec, LoraSlots, adapter_problems
 from hbmserve.core.engine_settings import EngineKind, EngineSettings, Strict as _Strict
 
 DEFAULT_CONFIG_NAME = "default_cluster.yaml"
@@ -87,6 +88,9 @@ class ModelSpec(_Strict):
     slo: SLO = SLO()
     hardware: Hardware = Hardware()
     sim: SimEngineSpec = SimEngineSpec()
+    # LoRA fine-tunes served under their own names on this model's replicas (core/adapters.py).
+    adapters: list[AdapterSpec] = []
+    lora: LoraSlots = LoraSlots()
 
     @property
     def replica_ceiling(self) -> int:
@@ -120,6 +124,13 @@ class ModelSpec(_Strict):
         if self.engine is EngineKind.VLLM_CPU and self.standbys_sleep:
             raise ValueError("autoscaling.hot_standby.sleep needs engine vllm-gpu (or sim): vLLM-CPU has "
                              "no sleep mode; remove it and the standbys stay loaded")
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_fit_their_slots(self) -> ModelSpec:
+        problems = adapter_problems(self.adapters, self.lora, self.engine_settings.vllm_args)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")
@@ -234,6 +245,14 @@ class ClusterSpec(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"model names must be unique; repeated: {', '.join(dupes)}")
+        # An adapter is called by its name through the same endpoint: one name, one thing.
+        taken = set(names)
+        for i, m in enumerate(self.models):
+            for j, a in enumerate(m.adapters):
+                if a.name in taken:
+                    raise ValueError(f"models.{i}.adapters.{j}.name: {a.name!r} is already the name of a model or "
+                                     "of another model's adapter; each must be unique in the cluster")
+                taken.add(a.name)
         return self
 
     def model(self, name: str) -> ModelSpec | None:

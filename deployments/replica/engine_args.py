@@ -26,6 +26,16 @@ class EngineLaunch:
     vllm_args: tuple[tuple[str, Any], ...] = ()  # engine_settings.vllm_args, in file order
 
 
+def _lora_args(model: ModelSpec) -> list[str]:
+    """vLLM's LoRA arguments for the model's adapters, each registered under its name (the
+    replica resolved `source` to a local folder; vLLM loads an adapter into a slot on first use)."""
+    slots = model.lora
+    args = ["--enable-lora", "--max-loras", str(slots.max_loras), "--max-lora-rank", str(slots.max_lora_rank)]
+    if slots.max_cpu_loras is not None:
+        args += ["--max-cpu-loras", str(slots.max_cpu_loras)]
+    return args + ["--lora-modules", *(f"{a.name}={a.source}" for a in model.adapters)]
+
+
 def publishes_kv_events(model: ModelSpec) -> bool:
     s = model.engine_settings
     return s.enable_prefix_caching and s.kv_events
@@ -53,6 +63,8 @@ def vllm_launch(model: ModelSpec, host: str, port: int, kv_events_config: dict[s
     ]
     if s.quantization is not None:
         args += ["--quantization", _QUANT_TO_VLLM[s.quantization]]
+    if model.adapters:
+        args += _lora_args(model)
     if kv_events_config is not None:
         # The doors hash prompts as the engine does (routing/engine_hashes.py): sha256_cbor, the
         # hash that is the same bytes in every process.

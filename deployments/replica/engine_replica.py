@@ -210,4 +210,4 @@ class EngineReplica:
         if self._sleep_loop is not None:
             self._sleep_loop.cancel()
         if self.weights:
-            self.weights.resolved.release()
+            self.weights.release()

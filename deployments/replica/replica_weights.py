@@ -19,9 +19,14 @@ from hbmserve.weights.resolve import Resolved, resolve
 
 @dataclass
 class LocalWeights:
-    model: ModelSpec  # the model with `source` pointing at the cache entry
+    model: ModelSpec  # the model with `source` (and each adapter's) pointing at its cache entry
     resolved: Resolved  # holds the lease: keep it as long as the engine runs
     seconds: float  # resolve time: a fill from the source on a miss, a check on a hit
+    adapters: tuple[Resolved, ...] = ()  # the adapters' leases, held as long as the base's
+
+    def release(self) -> None:
+        for r in (self.resolved, *self.adapters):
+            r.release()
 
 
 def local_weights(model: ModelSpec, cache: WeightCacheSpec) -> LocalWeights | None:
@@ -34,7 +39,18 @@ def local_weights(model: ModelSpec, cache: WeightCacheSpec) -> LocalWeights | No
     resolved = resolve(model.source, cache, model=model.name)
     seconds = time.monotonic() - started
     _export(model.name, resolved, seconds)
-    return LocalWeights(model.model_copy(update={"source": str(resolved.path)}), resolved, seconds)
+    # Adapters come through the same cache (a LoRA folder is small: a miss copies megabytes).
+    adapters: list[Resolved] = []
+    try:
+        for a in model.adapters:
+            adapters.append(resolve(a.source, cache, model=f"{model.name}/{a.name}"))
+    except BaseException:
+        for r in (resolved, *adapters):
+            r.release()
+        raise
+    local = model.model_copy(update={"source": str(resolved.path), "adapters": [
+        a.model_copy(update={"source": str(r.path)}) for a, r in zip(model.adapters, adapters)]})
+    return LocalWeights(local, resolved, seconds, tuple(adapters))
 
 
 def _export(model: str, resolved: Resolved, seconds: float) -> None:

@@ -34,3 +34,34 @@ def test_the_engine_reads_the_cache_entry_and_the_second_replica_on_a_node_hits(
 def test_the_simulated_engine_has_no_weights_to_resolve(tmp_path: Path) -> None:
     assert local_weights(_model("sim", "sim"), WeightCacheSpec(root=str(tmp_path / "cache"))) is None
     assert not (tmp_path / "cache").exists()
+
+
+def test_adapters_come_through_the_cache_too_and_are_released_with_the_model(tmp_path: Path) -> None:
+    base, sql = tmp_path / "model", tmp_path / "adapters" / "sql"
+    for d, name in ((base, "model.safetensors"), (sql, "adapter_model.safetensors")):
+        d.mkdir(parents=True)
+        (d / name).write_bytes(b"\1" * 1024)
+    (sql / "adapter_config.json").write_text('{"r": 8}')
+    model = ModelSpec.model_validate({"name": "m", "source": str(base), "engine": "vllm-cpu",
+                                      "adapters": [{"name": "sql", "source": str(sql), "max_rank": 8}]})
+    local = local_weights(model, WeightCacheSpec(root=str(tmp_path / "cache")))
+    assert local is not None and len(local.adapters) == 1
+    (adapter,) = local.model.adapters
+    here = Path(adapter.source)
+    assert here.is_relative_to(tmp_path / "cache") and (here / "adapter_config.json").read_text() == '{"r": 8}'
+    assert (adapter.name, adapter.max_rank) == ("sql", 8) and Path(local.model.source) != here
+    local.release()
+
+
+def test_a_missing_adapter_names_itself_and_holds_no_lease(tmp_path: Path) -> None:
+    import pytest
+
+    from hbmserve.weights.errors import WeightCacheError
+
+    base = tmp_path / "model"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"\1" * 64)
+    model = ModelSpec.model_validate({"name": "m", "source": str(base), "engine": "vllm-cpu",
+                                      "adapters": [{"name": "gone", "source": str(tmp_path / "nope")}]})
+    with pytest.raises(WeightCacheError, match="nope"):
+        local_weights(model, WeightCacheSpec(root=str(tmp_path / "cache")))

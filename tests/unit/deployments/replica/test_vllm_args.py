@@ -281,3 +281,32 @@ def test_hbmserve_up_and_deploy_check_before_starting_or_connecting(tmp_path, mo
         result = CliRunner().invoke(app, cmd)
         assert result.exit_code == 2, result.output
         assert f"{FIELD}.load_format: Load format `bogus` is not supported" in result.output
+
+
+def test_a_models_adapters_reach_vllm_as_its_lora_arguments(parser):
+    model = ModelSpec.model_validate({
+        "name": "m", "source": "/models/m", "engine": "vllm-gpu",
+        "adapters": [{"name": "sql", "source": "/cache/sql", "max_rank": 8}, {"name": "chat", "source": "/cache/chat"}],
+        "lora": {"max_loras": 2, "max_lora_rank": 16, "max_cpu_loras": 6}})
+    args = parse_launch(vllm_launch(model, "h", 1))
+    assert (args.enable_lora, args.max_loras, args.max_lora_rank, args.max_cpu_loras) == (True, 2, 16, 6)
+    assert [(lora.name, lora.path) for lora in args.lora_modules] == [("sql", "/cache/sql"), ("chat", "/cache/chat")]
+    assert not parse_launch(vllm_launch(_spec({}).models[0], "h", 1)).enable_lora  # no adapters, no LoRA
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"adapters": [{"name": "m", "source": "/a"}]}, "models.0.adapters.0.name: 'm' is already the name of a model"),
+    ({"adapters": [{"name": "a", "source": "/a", "max_rank": 32}]},
+     "adapters.0.max_rank: a has rank 32, above lora.max_lora_rank (16)"),
+    ({"adapters": [{"name": "a", "source": "/a"}, {"name": "a", "source": "/b"}]},
+     "adapters: names must be unique; repeated: a"),
+    ({"adapters": [{"name": "a", "source": "/a"}], "engine_settings": {"vllm_args": {"max_loras": 2}}},
+     "engine_settings.vllm_args.max_loras: set by lora.max_loras when the model declares adapters"),
+    ({"lora": {"max_lora_rank": 12}}, "models.0.lora.max_lora_rank: Input should be 1, 8, 16"),
+    ({"lora": {"max_loras": 4, "max_cpu_loras": 2}}, "max_cpu_loras (2) must be >= max_loras (4)"),
+    ({"adapters": [{"name": "a", "source": ""}]}, "models.0.adapters.0.source"),
+])
+def test_adapter_config_errors_name_the_field(fields, message):
+    with pytest.raises(ConfigError) as err:
+        parse_cluster_spec({"models": [{"name": "m", "source": "/models/m", **fields}]}, "c.yaml")
+    assert message in str(err.value)
