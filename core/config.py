@@ -258,6 +258,17 @@ class ClusterSpec(_Strict):
     def model(self, name: str) -> ModelSpec | None:
         return next((m for m in self.models if m.name == name), None)
 
+    def served(self, name: str) -> tuple[ModelSpec, AdapterSpec | None] | None:
+        """What a request's `model` names: a model, or one of its adapters (served on the
+        model's replicas, which apply it by that name); None when nothing has that name."""
+        for m in self.models:
+            if m.name == name:
+                return m, None
+            adapter = next((a for a in m.adapters if a.name == name), None)
+            if adapter is not None:
+                return m, adapter
+        return None
+
     def plans_placement(self, model: ModelSpec) -> bool:
         """Whether `model`'s replicas are placed by the planner rather than by Serve alone."""
         return self.topology is not None and model.needs_gpus

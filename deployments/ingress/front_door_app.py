@@ -189,21 +189,23 @@ class FrontDoorApp:
         await self._error(send, r.status, r.message, r.err_type, r.code, r.retry_after_s, model, tenant)
 
     async def _models(self, path: str, send) -> None:
-        def card(m):
-            return {"id": m.name, "object": "model", "created": 0, "owned_by": "hbmserve", "root": m.name,
-                    "parent": None, "max_model_len": m.engine_settings.max_model_len}
+        def card(m, adapter=None):  # an adapter names its base model as `parent`, as vLLM lists it
+            name = m.name if adapter is None else adapter.name
+            return {"id": name, "object": "model", "created": 0, "owned_by": "hbmserve", "root": name,
+                    "parent": None if adapter is None else m.name, "max_model_len": m.engine_settings.max_model_len}
 
         if path == "/v1/models":
-            for msg in json_response(200, {"object": "list", "data": [card(m) for m in self.spec.models]}):
+            cards = [c for m in self.spec.models for c in (card(m), *(card(m, a) for a in m.adapters))]
+            for msg in json_response(200, {"object": "list", "data": cards}):
                 await send(msg)
             return
         name = path.removeprefix("/v1/models/")
-        model = self.spec.model(name)
-        if model is None:
+        served = self.spec.served(name)
+        if served is None:
             await self._error(send, 404, f"The model `{name}` does not exist.", "invalid_request_error",
                               "model_not_found")
             return
-        for msg in json_response(200, card(model)):
+        for msg in json_response(200, card(*served)):
             await send(msg)
 
     async def _model_request(self, scope, receive, send, credential: Credential) -> None:
@@ -232,11 +234,14 @@ class FrontDoorApp:
             await self._error(send, 400, "you must provide a model parameter", "invalid_request_error",
                               "missing_model", tenant=tenant)
             return
-        model = self.spec.model(name)
-        if model is None:  # counted without the name: a label per made-up name would have no bound
+        served = self.spec.served(name)
+        if served is None:  # counted without the name: a label per made-up name would have no bound
             await self._error(send, 404, f"The model `{name}` does not exist.", "invalid_request_error",
                               "model_not_found", tenant=tenant)
             return
+        # An adapter runs on its base model's replicas and in its admission (they share the
+        # engines); the body keeps the adapter's name, by which the engine applies it.
+        model = served[0]
         if path in RUN_PATHS:
             try:
                 gen = read_generation(path, body)

@@ -128,7 +128,8 @@ async def _timed(tokens: AsyncIterator[int], timer: RequestTimer | None) -> Asyn
         await tokens.aclose()
 
 
-def build_sim_openai_app(engine, model_name: str, max_model_len: int, metrics: SimEngineMetrics | None = None):
+def build_sim_openai_app(engine, model_name: str, max_model_len: int, metrics: SimEngineMetrics | None = None,
+                         adapters: tuple[str, ...] = ()):
     """The FastAPI app over a started-or-lazy `SimEngine`; no listener, no middleware.
     `metrics`: where the engine's timings go (vLLM's histograms under vLLM's names)."""
     from fastapi import FastAPI
@@ -163,12 +164,15 @@ def build_sim_openai_app(engine, model_name: str, max_model_len: int, metrics: S
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "hbmserve",
-                "root": model_name, "parent": None, "max_model_len": max_model_len}
-        return {"object": "list", "data": [card]}
+        def card(name: str, parent: str | None) -> dict:
+            return {"id": name, "object": "model", "created": 0, "owned_by": "hbmserve", "root": name,
+                    "parent": parent, "max_model_len": max_model_len}
+        return {"object": "list", "data": [card(model_name, None), *(card(a, model_name) for a in adapters)]}
 
     async def serve(req: CompletionRequest | ChatRequest, chat: bool):
-        if req.model != model_name:
+        # An adapter's name is served like the base model's (the simulated engine has no weights
+        # to change); the reply names what was asked for, as vLLM's does.
+        if req.model != model_name and req.model not in adapters:
             raise OpenAIError(404, f"The model `{req.model}` does not exist.", "model")
         if chat:
             prompt, max_tokens = chat_prompt(req), req.max_completion_tokens or req.max_tokens
@@ -179,7 +183,7 @@ def build_sim_openai_app(engine, model_name: str, max_model_len: int, metrics: S
         plan = plan_generation(prompt, max_tokens, max_model_len)
         if isinstance(plan, Rejection):
             raise OpenAIError(400, plan.message, plan.param)
-        reply = _Reply(chat, model_name, plan, prompt.ids() if req.return_token_ids else None)
+        reply = _Reply(chat, req.model, plan, prompt.ids() if req.return_token_ids else None)
         cfg = engine.core.cfg
         hashes = prefix_hashes(req, cfg.hash_block_tokens) if cfg.enable_prefix_caching else ()
         timer = metrics.request(time.monotonic(), plan.prompt_tokens) if metrics is not None else None
@@ -291,7 +295,8 @@ class SimHttpServer:
         # The start-up delay passes before the port is bound: a replica still "loading weights"
         # must not be announced to the front door.
         await self.engine.wait_ready()
-        app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len, self.metrics)
+        app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len, self.metrics,
+                                   tuple(a.name for a in self.model.adapters))
         try:
             asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats,
                                      self.engine_metrics, self.awake, routes=routes)

@@ -257,3 +257,30 @@ def test_deploy_fails_closed_before_anything_starts_when_the_keys_cannot_be_load
             rc.deploy(cfg)  # no Ray here: the keys are checked first
         message = str(err.value)
         assert "serve.auth" in message and why in message and KEY not in message, message
+
+
+def test_an_adapter_is_listed_with_its_parent_and_served_by_name_on_its_base_models_replicas():
+    cluster = parse_cluster_spec({"models": [
+        {"name": "m", "source": "sim", "engine": "sim", "replicas": 2, "sim": SIM,
+         "engine_settings": {"max_model_len": 2048, "max_num_seqs": 2},
+         "adapters": [{"name": "m-sql", "source": "/adapters/sql"}, {"name": "m-chat", "source": "/adapters/chat"}]},
+        {"name": "other", "source": "sim", "engine": "sim", "replicas": 1, "sim": SIM}]})
+
+    async def go():
+        async with Door(cluster=cluster) as d:
+            listed = (await d.client.get("/v1/models")).json()
+            one = (await d.client.get("/v1/models/m-sql")).json()
+            reply = await d.client.post("/v1/completions", json=completion("m-sql"))
+            chat = await d.client.post("/v1/chat/completions", json={
+                "model": "m-chat", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+            missing = await d.client.post("/v1/completions", json=completion("m-nope"))
+            return listed, one, reply, chat, missing, sum(s.counters.accepted for s in d.servers)
+
+    listed, one, reply, chat, missing, served = run(go())
+    assert [(c["id"], c["parent"]) for c in listed["data"]] == [("m", None), ("m-sql", "m"), ("m-chat", "m"),
+                                                                ("other", None)]
+    assert (one["id"], one["parent"]) == ("m-sql", "m")
+    assert reply.status_code == 200 and reply.json()["model"] == "m-sql"  # the engine saw the adapter's name
+    assert reply.headers["x-hbmserve-replica"] in {"r0", "r1"} and chat.status_code == 200
+    assert chat.json()["model"] == "m-chat" and served == 2
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
