@@ -114,3 +114,29 @@ def is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "tokenizer.json").is_file() and any(
         path.glob("*.safetensors")
     )
+
+
+def write_lora(out: Path, shape: TinyModelShape = TinyModelShape(), rank: int = 8, seed: int = 1,
+               targets: tuple[str, ...] = ("q_proj", "v_proj")) -> Path:
+    """A LoRA adapter for the tiny model in PEFT's layout (adapter_config.json and
+    adapter_model.safetensors), as vLLM loads one; returns `out`. Both factors are seeded random,
+    not PEFT's zero B, so the adapter really changes what the model says."""
+    import torch
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    widths = {"q_proj": shape.num_attention_heads * shape.head_dim, "k_proj": shape.num_key_value_heads * shape.head_dim,
+              "v_proj": shape.num_key_value_heads * shape.head_dim, "o_proj": shape.hidden_size}
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(shape.num_hidden_layers):
+        for t in targets:
+            key = f"base_model.model.model.layers.{layer}.self_attn.{t}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, shape.hidden_size, generator=gen) * 0.5
+            tensors[f"{key}.lora_B.weight"] = torch.randn(widths[t], rank, generator=gen) * 0.5
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    (out / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0,
+        "bias": "none", "fan_in_fan_out": False, "target_modules": list(targets), "base_model_name_or_path": "tiny-llama",
+        "modules_to_save": None}, indent=2))
+    return out

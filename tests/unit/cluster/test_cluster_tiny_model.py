@@ -81,3 +81,24 @@ def test_a_larger_shape_in_shards_like_a_real_checkpoint(tmp_path: Path):
     h, i, v, n = s.hidden_size, s.intermediate_size, s.vocab_size, s.num_hidden_layers
     assert total == 2 * v * h + n * (4 * h * h + 3 * h * i + 2 * h) + h
     assert _json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
+
+
+def test_a_tiny_lora_is_peft_shaped_seeded_and_nonzero(tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    from hbmserve.cluster.tiny_model import TinyModelShape, write_lora
+
+    shape = TinyModelShape()
+    a, b = write_lora(tmp_path / "a", shape, rank=8, seed=1), write_lora(tmp_path / "b", shape, rank=8, seed=2)
+    cfg = json.loads((a / "adapter_config.json").read_text())
+    assert (cfg["peft_type"], cfg["r"], cfg["target_modules"]) == ("LORA", 8, ["q_proj", "v_proj"])
+    ta, tb = load_file(str(a / "adapter_model.safetensors")), load_file(str(b / "adapter_model.safetensors"))
+    key = "base_model.model.model.layers.1.self_attn.v_proj"
+    assert tuple(ta[f"{key}.lora_A.weight"].shape) == (8, shape.hidden_size)
+    assert tuple(ta[f"{key}.lora_B.weight"].shape) == (shape.num_key_value_heads * shape.head_dim, 8)
+    assert len(ta) == 2 * 2 * shape.num_hidden_layers and ta[f"{key}.lora_B.weight"].abs().sum() > 0
+    assert not (ta[f"{key}.lora_B.weight"] == tb[f"{key}.lora_B.weight"]).all()  # seeds give different adapters
+    assert (load_file(str(write_lora(tmp_path / "a2", shape, seed=1) / "adapter_model.safetensors"))[
+        f"{key}.lora_A.weight"] == ta[f"{key}.lora_A.weight"]).all()
