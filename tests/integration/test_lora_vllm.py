@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -43,14 +44,20 @@ PROMPT = "the model and its cache live in"
 @pytest.fixture(scope="module")
 def replica(tiny_model_dir, tmp_path_factory):
     d = tmp_path_factory.mktemp("adapters")
-    adapters = [f"tiny-{name}={write_lora(d / name, seed=seed)}" for name, seed in (("sql", 1), ("chat", 2))]
-    proc = subprocess.Popen([sys.executable, "-m", "tests.integration.lora_replica_process", str(tiny_model_dir),
-                             "tiny", TOKEN, *adapters], cwd=ROOT, start_new_session=True, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    model = json.dumps({
+        "name": "tiny", "source": str(tiny_model_dir), "engine": "vllm-cpu",
+        "engine_settings": {"max_model_len": 512, "max_num_seqs": 4, "max_num_batched_tokens": 512,
+                            "dtype": "float32", "vllm_args": {"enforce_eager": True}},
+        "adapters": [{"name": f"tiny-{name}", "source": str(write_lora(d / name, seed=seed)), "max_rank": 8}
+                     for name, seed in (("sql", 1), ("chat", 2))],
+        "lora": {"max_loras": 1, "max_lora_rank": 8, "max_cpu_loras": 2}})
+    proc = subprocess.Popen([sys.executable, "-m", "tests.integration.replica_process", model, TOKEN], cwd=ROOT,
+                            start_new_session=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
     try:
-        url = next((line.removeprefix("READY ").strip() for line in proc.stdout if line.startswith("READY ")), None)
-        assert url, f"the replica server did not start (exit {proc.poll()})"
-        yield url
+        ready = next((line.removeprefix("READY ") for line in proc.stdout if line.startswith("READY ")), None)
+        assert ready, f"the replica server did not start (exit {proc.poll()})"
+        yield json.loads(ready)["url"]
     finally:
         proc.stdin.close()
         stop_process(proc, 30)

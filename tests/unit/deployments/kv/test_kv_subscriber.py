@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from urllib.parse import urlsplit
 
 import pytest
 
