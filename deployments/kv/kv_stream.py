@@ -100,7 +100,9 @@ async def serve_events(receive, send, next_batch: Callable[[float], Awaitable[Ba
 async def serve_replay(scope, send, batches_from: Callable[[int], Awaitable[list[Batch]]]) -> None:
     """`GET /hbm/kv/replay?from=N`: the batches from seq N on that the source still buffers."""
     start = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("from", [""])[0]
-    if not start.isdigit():  # only doors call this, with the internal token: no OpenAI error shape needed
+    # Only doors call this, with the internal token: no OpenAI error shape needed. A sequence
+    # number is a signed 64-bit one (vLLM's), so a larger one is refused rather than overflow.
+    if not (start.isdigit() and int(start) < 1 << 63):
         await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"replay needs ?from=<first sequence number>"})
         return

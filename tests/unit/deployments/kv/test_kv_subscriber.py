@@ -175,3 +175,20 @@ def test_frames_cut_anywhere_read_back_whole():
         assert got == [(0, b"abc"), (-2, b""), (7, b""), (2 ** 40, b"x" * 1000)] and reader.pending == 0
     with pytest.raises(KvStreamError, match="limit"):
         list(FrameReader().feed((5).to_bytes(8, "big") + (1 << 31).to_bytes(4, "big")))
+
+
+@pytest.mark.parametrize("start, status", [("0", 200), ("abc", 400), ("-1", 400), ("", 400),
+                                           (str(1 << 63), 400), (str((1 << 63) - 1), 200)])
+def test_a_replay_asks_for_a_64_bit_sequence_number_or_is_refused(start, status):
+    from hbmserve.deployments.kv.kv_stream import serve_replay
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def batches_from(first: int):
+        return [(first, b"x")]
+
+    asyncio.run(serve_replay({"query_string": f"from={start}".encode()}, send, batches_from))
+    assert sent[0]["status"] == status
