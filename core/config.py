@@ -206,7 +206,7 @@ class ServeSpec(_Strict):
     auth: AuthSpec | None = None
     # How the front doors pick a replica (routing/routers.py ROUTERS). `choose` is the product;
     # the others exist to measure it against (ops/bench/prefix_routing_live.py).
-    router: Literal["choose", "round-robin", "power-of-two", "least-loaded"] = "choose"
+    router: Literal["choose", "round-robin", "power-of-two", "least-loaded", "choose-adapter-blind"] = "choose"
     # How many times one stream may move to another replica when its replica dies mid-stream
     # (deployments/ingress/migration.py); 0: a broken stream ends with an SSE error event.
     migration_limit: Annotated[int, Field(ge=0, le=10)] = 3

@@ -33,6 +33,9 @@ class ReplicaLoad:
     cached_prefixes: Set[int] = field(default_factory=frozenset)
     # Hashes its host-memory KV tier holds (the KV index's view; empty without a host tier).
     host_prefixes: Set[int] = field(default_factory=frozenset)
+    # LoRA adapters it holds (registered in its engine) and how many it may hold at once.
+    adapters: Set[str] = field(default_factory=frozenset)
+    adapter_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class RouteRequest:
     # What a block found in a host tier is worth against one found in HBM: the share of its
     # prefill time that loading it over PCIe saves (capacity/perf/perf_model.py host_block_value).
     host_block_value: float = 0.0
+    # The LoRA adapter the request names; None: the base model (or a router blind to adapters).
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,13 @@ The rule, in three steps:
    Where the fallback loses (to round robin, on traffic without shared prefixes) is in
    docs/benchmarks.md.
 
+A request naming a LoRA adapter (issue 25) first narrows the replicas to those holding it,
+unless each of them has more than `adapter_slack` requests above the least loaded replica: then
+loading it elsewhere (tens of ms to seconds) costs less than queueing behind them. A replica that
+loads it is one with a free adapter slot if any is near the least loaded, so loading evicts
+nothing; otherwise the replica's own LRU evicts an idle one (capacity/perf/lora.py place_adapter). Hot
+adapters thus spread over as many replicas as their load needs, cold ones stay on one.
+
 The ranking is the pick first, then every other eligible replica least loaded first: the caller
 falls back down the list when the first refuses.
 
@@ -51,6 +58,7 @@ from hbmserve.core.scaling import ReplicaState
 
 DEFAULT_AFFINITY_SLACK = 32
 DEFAULT_MIN_HIT_SHARE = 0.25
+DEFAULT_ADAPTER_SLACK = 16
 _M64 = (1 << 64) - 1
 
 
@@ -106,11 +114,31 @@ def two_choices(n: int, salt: int) -> tuple[int, int]:
     return i, (i + 1 + (r >> 32) % (n - 1)) % n
 
 
+def adapter_candidates(by_load: list[ReplicaLoad], adapter: str, slack: int) -> tuple[list[ReplicaLoad], str]:
+    """The replicas a request for `adapter` may go to (least loaded first), and why."""
+    floor = min(ongoing(r) for r in by_load)
+    within = [r for r in by_load if ongoing(r) <= floor + slack]
+    holders = [r for r in within if adapter in r.adapters]
+    if holders:
+        return holders, f"adapter {adapter} loaded on {len(holders)}; "
+    far = any(adapter in r.adapters for r in by_load)
+    why = (f"adapter {adapter} only on replicas over {slack} requests busier" if far
+           else f"adapter {adapter} on no replica")
+    free = [r for r in within if len(r.adapters) < r.adapter_slots]
+    if free:
+        return free, f"{why}: load it where a slot is free; "
+    return within, f"{why}: load it, evicting an idle one; "
+
+
 def choose(replicas: Iterable[ReplicaLoad], request: RouteRequest,
-           affinity_slack: int = DEFAULT_AFFINITY_SLACK, min_hit_share: float = DEFAULT_MIN_HIT_SHARE) -> RouteDecision:
-    by_load = active_by_load(replicas)
-    if not by_load:
+           affinity_slack: int = DEFAULT_AFFINITY_SLACK, min_hit_share: float = DEFAULT_MIN_HIT_SHARE,
+           adapter_slack: int = DEFAULT_ADAPTER_SLACK) -> RouteDecision:
+    fleet = active_by_load(replicas)
+    if not fleet:
         return RouteDecision((), "no active replica")
+    by_load, adapter_why = fleet, ""
+    if request.adapter is not None:
+        by_load, adapter_why = adapter_candidates(fleet, request.adapter, adapter_slack)
     hashes = request.prefix_hashes
     floor = min(ongoing(r) for r in by_load)
     near = [r for r in by_load if ongoing(r) <= floor + affinity_slack]
@@ -142,5 +170,5 @@ def choose(replicas: Iterable[ReplicaLoad], request: RouteRequest,
            and matched_blocks(hashes, r.cached_prefixes) > best]  # HBM alone beats the pick
     if far:
         why += f"; longer prefix on {', '.join(far)} skipped: over {affinity_slack} requests more than {floor}"
-    return RouteDecision((pick.replica_id, *(r.replica_id for r in by_load if r is not pick)),
-                         f"{why} (waiting {pick.waiting}, running {pick.running}, kv {pick.kv_usage:.0%})")
+    return RouteDecision((pick.replica_id, *(r.replica_id for r in fleet if r is not pick)),
+                         f"{adapter_why}{why} (waiting {pick.waiting}, running {pick.running}, kv {pick.kv_usage:.0%})")

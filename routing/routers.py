@@ -7,6 +7,8 @@
   "ongoing requests") wins. Ray draws with its own RNG; here the draw mixes `salt`, so a run
   replays. Ray's locality preferences and `max_ongoing_requests` back-pressure have no
   counterpart in the simulator and are left out.
+- `adapter_blind`: `choose` as if the request named no LoRA adapter: each replica loads what it
+  is sent (the baseline adapter-aware routing is measured against, ops/bench/lora_routing.py).
 - `least_loaded`: strictly the least loaded by (waiting, running, kv_usage), blind to prefixes
   (`choose` before prefix hashes, and vidur's LOR scheduler): the ablation that shows what
   stale stats do to a deterministic pick.
@@ -16,6 +18,7 @@ Both rank the pick first, then the rest least loaded first, as `choose` does.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 
 from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest, Router
@@ -51,6 +54,10 @@ def power_of_two(replicas: Iterable[ReplicaLoad], request: RouteRequest) -> Rout
                                     f"over {other.replica_id} ({other.waiting + other.running})")
 
 
+def adapter_blind(replicas: Iterable[ReplicaLoad], request: RouteRequest) -> RouteDecision:
+    return choose(replicas, dataclasses.replace(request, adapter=None))
+
+
 def least_loaded(replicas: Iterable[ReplicaLoad], request: RouteRequest) -> RouteDecision:
     by_load = active_by_load(replicas)
     if not by_load:
@@ -59,4 +66,4 @@ def least_loaded(replicas: Iterable[ReplicaLoad], request: RouteRequest) -> Rout
 
 
 ROUTERS: Mapping[str, Router] = {"choose": choose, "round-robin": round_robin, "power-of-two": power_of_two,
-                                 "least-loaded": least_loaded}
+                                 "least-loaded": least_loaded, "choose-adapter-blind": adapter_blind}

@@ -21,6 +21,7 @@ import numpy as np
 
 from hbmserve.capacity.perf.engine_types import EngineConfig, EngineConfigError, Plan, SimRequest
 from hbmserve.capacity.perf.kv_blocks import PrefixCache, blocks_for
+from hbmserve.capacity.perf.lora import AdapterTiers
 from hbmserve.capacity.perf.perf_model import StepCostModel
 from hbmserve.core.kv_events import KvEvent
 
@@ -58,6 +59,9 @@ class EngineCore:
         # Of those, loaded from the host tier rather than found in HBM; and loads not yet costed.
         self.host_hit_tokens = 0
         self._host_load_tokens = 0
+        self.lora = AdapterTiers(cfg.lora) if cfg.lora is not None else None
+        self._step_factor = cfg.lora.step_factor if cfg.lora is not None else 1.0
+        self._lora_load_s = 0.0  # adapter loads of this step's admissions, not yet costed
 
     # ---- state ----
     def has_work(self) -> bool:
@@ -131,9 +135,16 @@ class EngineCore:
         return r
 
     def _release(self, r: SimRequest) -> None:
+        """`r` stops running (finished, aborted or preempted)."""
         if self.cache and r.held:
             self.cache.release(r.held)
         r.held = ()
+        if self.lora is not None and r.adapter is not None:
+            self.lora.release(r.adapter)
+
+    def _start_running(self, r: SimRequest) -> None:
+        if self.lora is not None and r.adapter is not None:
+            self._lora_load_s += self.lora.acquire(r.adapter)
 
     def _leave_decode(self, r: SimRequest) -> None:
         r.generated = self.G - r.o
@@ -200,10 +211,12 @@ class EngineCore:
         return self._decode_plan(max_steps, extra)
 
     def _host_loads(self) -> float:
-        """Seconds to copy the KV this step's admissions found in the host tier into HBM: the
-        step waits for it (pessimistic: vLLM's connector loads while other requests run)."""
+        """Seconds to copy the KV this step's admissions found in the host tier into HBM (the
+        step waits for it; pessimistic: vLLM's connector loads while other requests run), and to
+        load the adapters they use (vLLM loads them as it prepares the step)."""
         tokens, self._host_load_tokens = self._host_load_tokens, 0
-        return self.cost.swap_time(tokens) if tokens else 0.0
+        lora, self._lora_load_s = self._lora_load_s, 0.0
+        return (self.cost.swap_time(tokens) if tokens else 0.0) + lora
 
     def take_kv_events(self) -> tuple[KvEvent, ...]:
         """The KV events recorded since the last call (empty unless publish_kv_events)."""
@@ -236,6 +249,9 @@ class EngineCore:
             self._swap_used -= r.swapped_tokens
             self._admits += 1
             r.admit_seq = self._admits
+            self._start_running(r)
+            seconds += self._lora_load_s
+            self._lora_load_s = 0.0
             self._enter_decode(r, r.swapped_tokens, r.swapped_tokens)
             r.swapped_tokens = 0
             self._decode_blocks = self._blocks_at(self.G)
@@ -263,10 +279,14 @@ class EngineCore:
             self._prefill_blocks += delta
             chunks.append((r, c))
             budget -= c
+        no_slot: list[SimRequest] = []  # skipped: their adapter has no free GPU slot (as vLLM skips)
         while self.waiting and budget > 0 and self.num_running < self.cfg.max_num_seqs:
             r = self.waiting[0]
             if r.swapped_tokens:
                 break
+            if self.lora is not None and r.adapter is not None and not self.lora.can_run(r.adapter):
+                no_slot.append(self.waiting.popleft())
+                continue
             if not self._admit(r, budget, reserved, whole):
                 break
             self.waiting.popleft()
@@ -274,6 +294,7 @@ class EngineCore:
             c = min(r.target - r.computed, budget)
             chunks.append((r, c))
             budget -= c
+        self.waiting.extendleft(reversed(no_slot))
         return chunks
 
     def _admit(self, r: SimRequest, budget: int, reserved: int, whole: bool) -> bool:
@@ -306,6 +327,7 @@ class EngineCore:
         self._prefill_blocks += own
         self._admits += 1
         r.admit_seq = self._admits
+        self._start_running(r)
         return True
 
     def _make_plan(self, n_dec: int, chunks: list[tuple[SimRequest, int]], extra: float) -> Plan:
@@ -316,7 +338,7 @@ class EngineCore:
             pairs += c * s + c * (c + 1) // 2
             kv += s + c
         ctx = n_dec * self.G + self._sum_d if n_dec else 0
-        t = float(self.cost.step_time(n_dec, float(ctx), n_pre, float(pairs), float(kv), len(chunks))) + extra
+        t = float(self.cost.step_time(n_dec, float(ctx), n_pre, float(pairs), float(kv), len(chunks))) * self._step_factor + extra
         d = np.array([t])
         return Plan(d, d.copy(), n_dec, chunks)
 
@@ -332,7 +354,7 @@ class EngineCore:
             k = self._max_growth_steps(self._avail(), k)
             if k > 0:
                 n = len(self.decode)
-                durs = self.cost.decode_step_times(n, float(n * self.G + self._sum_d), k)
+                durs = self.cost.decode_step_times(n, float(n * self.G + self._sum_d), k) * self._step_factor
                 durs[0] += extra
                 return Plan(durs, np.cumsum(durs), n, [])
             extra += self._preempt_one()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hbmserve.capacity.perf.kv_blocks import blocks_for
+from hbmserve.capacity.perf.lora import LoraCost
 
 
 class EngineConfigError(ValueError):
@@ -30,6 +31,8 @@ class EngineConfig:
     host_kv_tokens: int = 0
     # Record KV events (core/kv_events.py) for a KV index, as vLLM's --kv-events-config does.
     publish_kv_events: bool = False
+    # LoRA enabled: its slots, load times and per-step cost (lora.py); None: no adapters.
+    lora: LoraCost | None = None
 
     def __post_init__(self) -> None:
         if self.num_blocks * self.block_size < self.max_model_len:
@@ -51,10 +54,10 @@ class SimRequest:
 
     __slots__ = ("rid", "arrival", "prompt", "max_tokens", "hashes", "hashed_tokens", "computed",
                  "target", "own_blocks", "generated", "o", "c", "d", "finish_g", "admit_seq",
-                 "first_token_t", "finish_t", "preemptions", "swapped_tokens", "held")
+                 "first_token_t", "finish_t", "preemptions", "swapped_tokens", "held", "adapter")
 
     def __init__(self, rid: int, arrival: float, prompt: int, max_tokens: int,
-                 hashes: tuple[int, ...] = ()) -> None:
+                 hashes: tuple[int, ...] = (), adapter: str | None = None) -> None:
         self.rid, self.arrival, self.prompt = rid, arrival, max(1, prompt)
         self.max_tokens, self.hashes = max(1, max_tokens), hashes
         self.hashed_tokens = 0
@@ -68,6 +71,7 @@ class SimRequest:
         self.preemptions = 0
         self.swapped_tokens = 0
         self.held: tuple[int, ...] = ()
+        self.adapter = adapter  # the LoRA adapter it runs with; None: the base model
 
 
 @dataclass

@@ -17,7 +17,8 @@ from hbmserve.core.config import ModelSpec
 from hbmserve.core.engine_settings import EngineKind
 
 from hbmserve.capacity.perf.engine_core import EngineConfig
-from hbmserve.capacity.perf.hardware import GpuProfile, get_gpu
+from hbmserve.capacity.perf.hardware import GpuProfile, get_gpu, load_catalog
+from hbmserve.capacity.perf.lora import LoraCost, lora_cost
 from hbmserve.capacity.perf.model_shape import ModelShape, load_model_shape
 from hbmserve.capacity.perf.perf_model import Deployment, cost_model, memory_fit
 from hbmserve.capacity.perf.plan_analytic import EngineKnobs, Workload
@@ -89,10 +90,19 @@ def scenario_for(m: ModelSpec, catalog: dict[str, GpuProfile], gpu_override: str
             max_num_batched_tokens=max(es.max_num_batched_tokens, 1 if es.enable_chunked_prefill else mml),
             max_model_len=mml, enable_chunked_prefill=es.enable_chunked_prefill,
             enable_prefix_caching=es.enable_prefix_caching, preemption_mode=es.preemption_mode.value,
-            swap_space_tokens=int(es.kv_offload_gib * GIB / per_tok), host_kv_tokens=host_kv_tokens(m, per_tok))
+            swap_space_tokens=int(es.kv_offload_gib * GIB / per_tok), host_kv_tokens=host_kv_tokens(m, per_tok),
+            lora=lora_of(m, dep))
     except ValueError as err:
         raise ScenarioError(f"models.{m.name}.engine_settings: {err}") from None
     return Scenario(dep, engine, m.replicas, gpu.usd_per_gpu_hour, m.slo.ttft_p95_ms / 1e3, m.slo.tpot_p95_ms / 1e3)
+
+
+def lora_of(m: ModelSpec, dep: Deployment) -> LoraCost | None:
+    """The LoRA slots and costs of a model that declares adapters (capacity/perf/lora.py), at the
+    largest rank its slots take; None without adapters."""
+    if not m.adapters:
+        return None
+    return lora_cost(dep, m.lora.max_loras, m.lora.max_cpu_loras, m.lora.max_lora_rank)
 
 
 def host_kv_tokens(m: ModelSpec, kv_bytes_per_token: float) -> int:
@@ -138,3 +148,16 @@ def nominal_workload(sc: Scenario) -> Workload:
     out = float(min(NOMINAL_OUTPUT_TOKENS, max(1, mml - int(prompt))))
     return Workload(rate_rps=LIGHT_RPS, peak_rps=LIGHT_RPS, prompt_mean=prompt, output_mean=out,
                     prompt_p95=prompt, max_len=int(prompt + out))
+
+
+def replica_usd_per_hour(model: ModelSpec) -> float | None:
+    """What one replica of `model` costs an hour: its tp x pp GPUs at `hardware.usd_per_gpu_hour`
+    or the catalog's price (`engine: sim`: the GPU it pretends to be); None when the catalog
+    does not know the GPU."""
+    catalog = load_catalog()
+    try:
+        name = resolve_gpu_name(model.sim.gpu if model.engine is EngineKind.SIM else model.hardware.gpu, catalog)
+        price = get_gpu(name, catalog, model.hardware.usd_per_gpu_hour).usd_per_gpu_hour
+    except ValueError:  # ScenarioError, CatalogError: an unknown GPU has no price
+        return None
+    return price * model.parallelism.tp * model.parallelism.pp

@@ -127,7 +127,7 @@ class _Run:
         else:
             loads = self.router_view(now, req.rid % self.kv.doors)
             ask = RouteRequest(req.prompt, req.max_tokens, prefix_hashes=req.hashes, salt=req.rid,
-                               host_block_value=self.host_value)
+                               host_block_value=self.host_value, adapter=req.adapter)
             best = self.router(loads, ask).ranked[0]
             rep = next(r for r in self.active if r.rid == best)
         self.kv.routed(rep.rid, req.hashes, req.rid % self.kv.doors)
@@ -157,8 +157,10 @@ class _Run:
 
     def load_of(self, r: _Replica, now: float, door: int = 0) -> ReplicaLoad:
         hbm, host = self.kv.sets(r.rid, now, door)
+        lora = r.engine.lora  # its registered adapters, as a live replica reports them
         return ReplicaLoad(r.rid, r.state, r.engine.num_waiting, r.engine.num_running, r.engine.kv_usage(),
-                           hbm, host)
+                           hbm, host, frozenset(lora.host) if lora else frozenset(),
+                           lora.cost.max_cpu_loras if lora else 0)
 
     def start(self, rep: _Replica, now: float) -> None:
         plan = rep.engine.plan()
@@ -353,7 +355,8 @@ class _Run:
             if t_arr <= t_ev:
                 now = t_arr
                 self.inflight += 1
-                req = SimRequest(i, float(t[i]), int(p[i]), int(o[i]), hs[i] if hs is not None else ())
+                req = SimRequest(i, float(t[i]), int(p[i]), int(o[i]), hs[i] if hs is not None else (),
+                                 self.arr.adapter_of(i))
                 i += 1
                 self.route(req, now)
                 continue

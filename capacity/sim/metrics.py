@@ -60,6 +60,7 @@ class SimSummary:
     prompt_tokens: int = 0  # of accepted requests
     prefix_hit_tokens: int = 0  # of those, read from a prefix cache instead of computed
     host_hit_tokens: int = 0  # of those, loaded from a host-memory KV tier
+    adapter_loads: int = 0  # LoRA adapters read from storage into a replica (capacity/perf/lora.py)
 
     @property
     def prefix_hit_rate(self) -> float | None:
@@ -139,7 +140,8 @@ def summarize(*, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, out
               total_requests: int, rejected: int, itl_values: np.ndarray, itl_weights: np.ndarray,
               preemptions: int, gpu_seconds: float, usd_per_gpu_hour: float, makespan_s: float,
               replica_seconds: float, peak_replicas: int, slo_ttft_s: float, slo_tpot_s: float,
-              prompt_tokens: int = 0, prefix_hit_tokens: int = 0, host_hit_tokens: int = 0) -> SimSummary:
+              prompt_tokens: int = 0, prefix_hit_tokens: int = 0, host_hit_tokens: int = 0,
+              adapter_loads: int = 0) -> SimSummary:
     ttft, tpot, e2e = request_latencies(arrival, first, finish, output)
     good = int(np.count_nonzero(meets_slo(ttft, tpot, slo_ttft_s, slo_tpot_s)))
     out_tokens = int(output.sum())
@@ -171,4 +173,5 @@ def summarize(*, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, out
         prompt_tokens=prompt_tokens,
         prefix_hit_tokens=prefix_hit_tokens,
         host_hit_tokens=host_hit_tokens,
+        adapter_loads=adapter_loads,
     )

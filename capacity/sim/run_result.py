@@ -38,7 +38,8 @@ def result_of(run: _Run, end: float) -> SimResult:
         replica_seconds=rep_s, peak_replicas=peak, slo_ttft_s=run.spec.slo.ttft_s, slo_tpot_s=run.spec.slo.tpot_s,
         prompt_tokens=sum(r.engine.prompt_tokens for r in run.all),
         prefix_hit_tokens=sum(r.engine.prefix_hit_tokens for r in run.all),
-        host_hit_tokens=sum(r.engine.host_hit_tokens for r in run.all))
+        host_hit_tokens=sum(r.engine.host_hit_tokens for r in run.all),
+        adapter_loads=sum(r.engine.lora.loads for r in run.all if r.engine.lora))
     stats = tuple(ReplicaStats(r.rid, r.engine.steps, r.engine.busy_s, r.engine.tokens_processed,
                                r.engine.max_used_blocks, r.engine.cfg.num_blocks, r.engine.preemptions,
                                (r.removed if r.removed is not None else end) - r.created,

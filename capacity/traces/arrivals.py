@@ -28,6 +28,19 @@ class Arrivals:
     prompt: np.ndarray  # int64 tokens
     output: np.ndarray  # int64 tokens (max_tokens; the request generates exactly this many)
     hashes: tuple[tuple[int, ...], ...] | None = None  # prefix block hash ids per request
+    # The LoRA adapter each request names, as an index into `adapter_names` (-1: the base model).
+    adapters: np.ndarray | None = None
+    adapter_names: tuple[str, ...] = ()
+
+    def adapter_of(self, i: int) -> str | None:
+        if self.adapters is None or self.adapters[i] < 0:
+            return None
+        return self.adapter_names[int(self.adapters[i])]
+
+    def _with(self, t: np.ndarray, prompt: np.ndarray, output: np.ndarray, sl: slice = slice(None)) -> Arrivals:
+        hs = self.hashes[sl] if self.hashes is not None else None
+        ads = self.adapters[sl] if self.adapters is not None else None
+        return Arrivals(t, prompt, output, hs, ads, self.adapter_names)
 
     def __len__(self) -> int:
         return len(self.t)
@@ -39,18 +52,17 @@ class Arrivals:
     def window(self, start_s: float, end_s: float) -> Arrivals:
         """Requests arriving in [start, end), re-based to start at 0."""
         lo, hi = np.searchsorted(self.t, [start_s, end_s])
-        hs = self.hashes[lo:hi] if self.hashes is not None else None
-        return Arrivals(self.t[lo:hi] - start_s, self.prompt[lo:hi], self.output[lo:hi], hs)
+        return self._with(self.t[lo:hi] - start_s, self.prompt[lo:hi], self.output[lo:hi], slice(lo, hi))
 
     def scaled(self, time_scale: float = 1.0) -> Arrivals:
         """Stretch (>1) or compress (<1) inter-arrival times; the rate divides by time_scale."""
-        return Arrivals(self.t * time_scale, self.prompt, self.output, self.hashes)
+        return self._with(self.t * time_scale, self.prompt, self.output)
 
     def clipped(self, max_model_len: int) -> Arrivals:
         """Shorten prompts so prompt + output fits max_model_len (outputs first capped at half)."""
         out = np.minimum(self.output, max(1, max_model_len // 2))
         prompt = np.clip(np.minimum(self.prompt, max_model_len - out), 1, None)
-        return Arrivals(self.t, prompt.astype(np.int64), out.astype(np.int64), self.hashes)
+        return self._with(self.t, prompt.astype(np.int64), out.astype(np.int64))
 
     def rate_peak(self, window_s: float = 60.0) -> float:
         """Highest request rate over any aligned window (requests per second)."""

@@ -32,7 +32,7 @@ from hbmserve.deployments.ingress.dashboard import (HISTORY, ClientLatency, Dash
                                                  ModelInputs, ModelKvIndex, ReplicaView, build_sample, build_snapshot)
 from hbmserve.deployments.kv.door_kv import kv_routing
 from hbmserve.deployments.wire.http import openai_error, request_lengths
-from hbmserve.capacity.perf.replica_price import replica_usd_per_hour
+from hbmserve.capacity.perf.scenario import replica_usd_per_hour
 
 LATENCY_WINDOW_S = 30.0  # p95 over the replies finished in the last 30 s
 RATE_WINDOW_S = 10.0  # tokens/s over a shorter window: the chart should follow a burst

@@ -25,7 +25,7 @@ from hbmserve.autoscale.rollout import deploy_changes
 from hbmserve.core.config import ClusterSpec
 from hbmserve.core.records import DoorEndpoint, IngressInfo, ModelTraffic
 from hbmserve.deployments.ingress.door_metrics import door_families, local_replicas, node_metrics
-from hbmserve.capacity.perf.replica_price import replica_usd_per_hour
+from hbmserve.capacity.perf.scenario import replica_usd_per_hour
 from hbmserve.deployments.ingress.dashboard import SAMPLE_S
 from hbmserve.deployments.ingress.dashboard_feed import DashboardFeed
 from hbmserve.deployments.ingress.front_door_access import AccessGuard, KeyFiles, reload_keys

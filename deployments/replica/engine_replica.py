@@ -16,7 +16,7 @@ import os
 import time
 from typing import Callable
 
-from hbmserve.capacity.perf.replica_price import replica_usd_per_hour
+from hbmserve.capacity.perf.scenario import replica_usd_per_hour
 from hbmserve.core.cache_spec import WeightCacheSpec
 from hbmserve.core.config import ModelSpec
 from hbmserve.core.engine_settings import EngineKind

@@ -82,3 +82,19 @@ def test_azure_trace_shape():
     assert len(a) == 19366
     assert 3400 < a.duration_s < 3600
     assert 1100 < a.prompt.mean() < 1200
+
+
+def test_an_adapter_trace_is_zipf_and_survives_windows_and_clipping():
+    from hbmserve.capacity.traces.adapter_trace import AdapterTraceSpec, adapter_arrivals
+
+    spec = AdapterTraceSpec(adapters=10, zipf_s=1.2, rate_rps=50, duration_s=100, base_share=0.1)
+    a = adapter_arrivals(spec, seed=3)
+    again = adapter_arrivals(spec, seed=3)
+    assert np.array_equal(a.t, again.t) and np.array_equal(a.adapters, again.adapters), "seeded"
+    counts = np.bincount(a.adapters[a.adapters >= 0], minlength=10)
+    assert counts[0] > counts[1] > counts[9], "rank 0 is the most popular"
+    assert 0.07 < (a.adapters < 0).mean() < 0.13
+    w = a.window(10, 20).clipped(512)
+    i = int(np.searchsorted(a.t, 10))
+    assert w.adapter_of(0) == a.adapter_of(i) and w.adapter_names == spec.names
+    assert {a.adapter_of(j) for j in range(len(a))} <= {None, *spec.names}

@@ -22,7 +22,7 @@ from hbmserve.deployments.ingress.dashboard import (DECISIONS_SHOWN, ClientLaten
                                             role_counts)
 from hbmserve.deployments.ingress.dashboard_feed import (LATENCY_WINDOW_S, RATE_WINDOW_S, ReplyWatch, ReplyWindow,
                                                  SampleRing)
-from hbmserve.capacity.perf.replica_price import replica_usd_per_hour
+from hbmserve.capacity.perf.scenario import replica_usd_per_hour
 from hbmserve.placement.cluster_file import load_cluster_file
 
 PAIRS = Path(placement_pkg.__file__).parent / "data" / "cluster_nvlink_pairs_x2.yaml"

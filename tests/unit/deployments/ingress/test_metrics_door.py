@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hbmserve.access.keys import KeyRing, parse_admin_token, parse_keys_file
 from hbmserve.deployments.ingress.door_metrics import door_families, local_replicas, node_metrics
-from hbmserve.capacity.perf.replica_price import replica_usd_per_hour
+from hbmserve.capacity.perf.scenario import replica_usd_per_hour
 from hbmserve.deployments.wire.engine_metrics import ENGINE_FAMILIES
 from tests.unit.deployments.ingress.test_front_door_app import KEY, TOKEN, Door, completion, run
 
