@@ -285,6 +285,17 @@ class ReplicaEndpoint(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AdapterHolding(Record):
+    """A replica's LoRA adapters (deployments/replica/replica_middleware.py AdapterRegistry): those registered in
+    its engine, least recently used first, its slots, and loads and unloads per adapter so far."""
+
+    resident: tuple[str, ...] = ()
+    slots: int = 0
+    loads: tuple[tuple[str, int], ...] = ()
+    unloads: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class LoadReport(Record):
     """A replica's load now (`GET /hbm/load`, polled by the front doors)."""
 
@@ -296,6 +307,7 @@ class LoadReport(Record):
     rejected: int
     prompt_tokens: int = 0  # since start, looked up in the prefix cache
     prefix_hit_tokens: int = 0  # of those, found there
+    adapters: AdapterHolding = AdapterHolding()
 
 
 @dataclass(frozen=True, kw_only=True)

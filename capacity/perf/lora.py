@@ -11,7 +11,7 @@ Three costs, each from the deployment and the adapters' rank:
 
 Which adapters a replica keeps is one pure function, `place_adapter`: bring one in, evicting the
 least recently used idle one when the slots are full. The live replica calls it for the adapters
-registered in its vLLM engine (deployments/replica/adapter_registry.py, through vLLM's
+registered in its vLLM engine (deployments/replica/replica_middleware.py AdapterRegistry, through vLLM's
 /v1/load_lora_adapter and /v1/unload_lora_adapter), the simulated engine for its host and GPU
 slots (`AdapterTiers`). An adapter in use is never evicted: its requests would fail (live) or lose
 their slot mid-batch. With every resident adapter busy the caller decides: the live registry

@@ -101,6 +101,11 @@ async def _send_error(send, status: int, message: str, err_type: str, code: str,
         await send(msg)
 
 
+def adapter_named(body: dict[str, Any], model: str) -> str | None:
+    """The adapter a request for `model` names: its `model` field when that is not the base's."""
+    return None if body["model"] == model else body["model"]
+
+
 async def _while_connected(receive, work):
     """`work`'s result (a queue's ticket, a relay), unless the client goes away first: then it is
     cancelled (None), which gives back a queued place at once, and closes a relay's upstream
@@ -281,8 +286,8 @@ class FrontDoorApp:
     async def _admit_and_relay(self, scope, receive, send, model: str, raw: bytes, ask: Ask, body: dict[str, Any],
                                tenant: str | None, tap: UsageTap, ledger: StreamLedger | None) -> None:
         if scope["path"] not in RUN_PATHS:
-            await _while_connected(receive, self._route_and_relay(scope, send, model, raw,
-                                                                  RouteRequest(ask.prompt_tokens, 0), tenant, tap))
+            route = RouteRequest(ask.prompt_tokens, 0, adapter=adapter_named(body, model))
+            await _while_connected(receive, self._route_and_relay(scope, send, model, raw, route, tenant, tap))
             return
         gate = self.admission[model]
         if self.dashboard is not None:  # times what the client gets, for the ops dashboard
@@ -308,8 +313,8 @@ class FrontDoorApp:
         self._requests += 1  # the salt of choose's power-of-two draw: spreads ties, reproducibly
         exact = self.table.kv.hashes(model, path, body) if self.table.kv is not None else None
         hashes = exact if exact is not None else prompt_block_hashes(request_text(path, body, first_of_many=True) or "")
-        return RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=hashes, salt=self._requests), \
-            exact is not None
+        return RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=hashes, salt=self._requests,
+                            adapter=adapter_named(body, model)), exact is not None
 
     async def _route_and_relay(self, scope, send, model: str, raw: bytes, route: RouteRequest,
                                tenant: str | None, tap: UsageTap, ledger: StreamLedger | None = None,
@@ -318,7 +323,7 @@ class FrontDoorApp:
         started = loop.time()
         query = scope.get("query_string", b"").decode("latin-1")
         suffix = scope["path"] + (f"?{query}" if query else "")
-        headers = upstream_headers(scope["headers"], self.token)
+        headers = upstream_headers(scope["headers"], self.token, route.adapter)
         tried: list[str] = []
         failure = "no active replica"
         # The first replica, then others while replicas fail before any byte: once, or as many

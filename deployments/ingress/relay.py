@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from hbmserve.deployments.ingress.migration import StreamLedger
 from hbmserve.deployments.ingress.usage_tap import UsageTap
-from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
+from hbmserve.deployments.wire.http import ADAPTER_HEADER, INTERNAL_TOKEN_HEADER
 
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"host", b"upgrade", b"te",
                          b"trailer", b"proxy-authorization", b"proxy-connection", b"content-length",
@@ -47,9 +47,14 @@ class Relayed:
     left_open: bool = False  # broken, resumable, and the client's response not ended yet
 
 
-def upstream_headers(client_headers: list[tuple[bytes, bytes]], token: str) -> dict[str, str]:
-    out = {k.decode("latin-1"): v.decode("latin-1") for k, v in client_headers if k.lower() not in _HOP_BY_HOP}
+def upstream_headers(client_headers: list[tuple[bytes, bytes]], token: str, adapter: str | None = None) -> dict[str, str]:
+    """The client's headers for the replica, less hop-by-hop ones and any x-hbmserve-* a client
+    sent (those are the door's word to the replica), plus the internal token and the adapter."""
+    out = {k.decode("latin-1"): v.decode("latin-1") for k, v in client_headers
+           if k.lower() not in _HOP_BY_HOP and not k.lower().startswith(b"x-hbmserve-")}
     out[INTERNAL_TOKEN_HEADER.decode()] = token
+    if adapter is not None:
+        out[ADAPTER_HEADER.decode()] = adapter
     return out
 
 

@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass, field
 
 from hbmserve.core.kv_events import ReplicaKv
-from hbmserve.core.records import DecisionRecord, LoadReport, RecordError, ReplicaEndpoint
+from hbmserve.core.records import AdapterHolding, DecisionRecord, LoadReport, RecordError, ReplicaEndpoint
 from hbmserve.core.routing import ReplicaLoad
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.prefix import RecentPrefixes
@@ -56,6 +56,7 @@ class KnownReplica:
     prefixes: RecentPrefixes = field(default_factory=lambda: RecentPrefixes(PREFIX_MEMORY))
     unreachable_since: float | None = None  # loop time of the first poll failed in a row
     streams: set = field(default_factory=set)  # the aiohttp replies being relayed from it now
+    adapters: AdapterHolding = AdapterHolding()  # its LoRA adapters, as its last report said
 
     def cut_streams(self) -> None:
         """Close every reply being relayed from this replica: each relay sees a broken stream."""
@@ -72,7 +73,8 @@ class KnownReplica:
         state = ReplicaState.ACTIVE if self.active and self.reachable else ReplicaState.STANDBY
         cached, host = (self.prefixes.keys(), frozenset()) if kv is None else (kv.hbm, kv.host)
         return ReplicaLoad(self.endpoint.replica, state, waiting=self.waiting + self.sent_since_poll,
-                           running=self.running, kv_usage=self.kv_usage, cached_prefixes=cached, host_prefixes=host)
+                           running=self.running, kv_usage=self.kv_usage, cached_prefixes=cached, host_prefixes=host,
+                           adapters=frozenset(self.adapters.resident), adapter_slots=self.adapters.slots)
 
 
 class ReplicaTable:
@@ -140,6 +142,7 @@ class ReplicaTable:
         r.reachable, r.unreachable_since = True, None
         r.waiting, r.running, r.kv_usage = report.waiting, report.running, report.kv_usage
         r.prompt_tokens, r.prefix_hit_tokens = report.prompt_tokens, report.prefix_hit_tokens
+        r.adapters = report.adapters
         r.sent_since_poll = 0
 
     # -- routing ------------------------------------------------------------------------

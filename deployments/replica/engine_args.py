@@ -27,13 +27,13 @@ class EngineLaunch:
 
 
 def _lora_args(model: ModelSpec) -> list[str]:
-    """vLLM's LoRA arguments for the model's adapters, each registered under its name (the
-    replica resolved `source` to a local folder; vLLM loads an adapter into a slot on first use)."""
+    """vLLM's LoRA arguments: LoRA on, and the slots. No adapter is registered at start: the
+    replica registers each on demand within its slots (replica_middleware.py AdapterRegistry)."""
     slots = model.lora
     args = ["--enable-lora", "--max-loras", str(slots.max_loras), "--max-lora-rank", str(slots.max_lora_rank)]
     if slots.max_cpu_loras is not None:
         args += ["--max-cpu-loras", str(slots.max_cpu_loras)]
-    return args + ["--lora-modules", *(f"{a.name}={a.source}" for a in model.adapters)]
+    return args
 
 
 def publishes_kv_events(model: ModelSpec) -> bool:

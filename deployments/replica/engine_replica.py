@@ -50,7 +50,9 @@ def _vllm_server(model: ModelSpec, host: str, internal_token: str) -> EngineServ
 
     relay = EngineKvRelay() if publishes_kv_events(model) else None
     launch = vllm_launch(model, host, 0, relay.vllm_config() if relay else None)
-    return VLLMHttpServer(launch, replica_budget(model), internal_token, kv_relay=relay)
+    return VLLMHttpServer(launch, replica_budget(model), internal_token, kv_relay=relay,
+                          adapters={a.name: a.source for a in model.adapters},
+                          adapter_slots=model.lora.max_cpu_loras or model.lora.max_loras)
 
 
 def _sim_server(model: ModelSpec, host: str, internal_token: str) -> EngineServer:

@@ -1,6 +1,6 @@
 """ASGI middleware in front of a replica's OpenAI app: the internal token, a per-replica
-admission cap, load counters, and the load report (/hbm/load) and engine metrics (/hbm/metrics,
-engine_metrics.py) the front door reads.
+admission cap, load counters, the LoRA adapters it registers on demand, and the load report
+(/hbm/load) and engine metrics (/hbm/metrics, engine_metrics.py) the front door reads.
 
 Only the front door (front_door.py) talks to a replica. It authenticates clients, admits and
 routes; it proves itself to the replica with the deployment's internal token, so a replica port
@@ -14,19 +14,22 @@ chunk of the data path; it adds one dict lookup and two counters per request.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
 import time
-from collections import deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
-from hbmserve.core.records import LoadReport
+from hbmserve.capacity.perf.lora import place_adapter
+from hbmserve.core.records import AdapterHolding, LoadReport
 from hbmserve.routing.replica_cap import AdmissionBudget, Reject, AdmissionLoad, admit_to_replica
 from hbmserve.deployments.wire.engine_metrics import METRICS_PATH, exposition
-from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER, LOAD_PATH, json_response, openai_error, request_lengths
+from hbmserve.deployments.wire.http import ADAPTER_HEADER, INTERNAL_TOKEN_HEADER, LOAD_PATH, json_response, openai_error, request_lengths
 from hbmserve.deployments.replica.replica_http import EngineLoad
 from hbmserve.deployments.replica.standby_sleep import AwakeGate
 
@@ -34,6 +37,7 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+log = logging.getLogger("hbmserve.deployments.replica")
 
 # The paths that run the model (the front door admits the same, front_door_app.RUN_PATHS); the
 # rest (/v1/models, /tokenize, /health) are always served.
@@ -96,10 +100,78 @@ class LoadCounters:
         return sum(p for _, p, _ in self.lengths) / n, sum(o for _, _, o in self.lengths) / n, n
 
 
+# ---- LoRA adapters, registered on demand (issue 25) ----
+# A replica starts with no adapter registered. The front door names the adapter a request uses
+# in a header (ADAPTER_HEADER); before the request reaches the engine the replica registers it if
+# it must, through the engine's own adapter API (for vLLM the handler behind
+# /v1/load_lora_adapter, called in process: vllm_server.vllm_adapter_calls), first unregistering
+# the least recently used idle adapter when its slots (`lora.max_cpu_loras`, else `max_loras`) are
+# full: `place_adapter`, the rule the simulated engine keeps its slots by too
+# (capacity/perf/lora.py). An adapter some request is using is never unregistered; when all are
+# in use the replica registers one more rather than refuse, and the set shrinks back as they go
+# idle. The load report tells the doors which adapters it holds, so they route to it
+# (routing/choose.py).
+
+Load = Callable[[str, str], Awaitable[None]]  # (name, local path); raises AdapterLoadError
+Unload = Callable[[str], Awaitable[None]]
+
+
+class AdapterLoadError(RuntimeError):
+    """The engine could not load an adapter; the message says which and why."""
+
+
+class AdapterRegistry:
+    def __init__(self, sources: Mapping[str, str], slots: int, load: Load, unload: Unload) -> None:
+        """`sources`: each adapter's local folder (resolved through the weight cache)."""
+        self.sources = dict(sources)
+        self.slots = slots
+        self._load, self._unload = load, unload
+        self.resident: OrderedDict[str, None] = OrderedDict()  # least recently used first
+        self.busy: Counter[str] = Counter()
+        self.loads: Counter[str] = Counter()
+        self.unloads: Counter[str] = Counter()
+        self._lock = asyncio.Lock()  # one load or unload at a time: they change the set
+
+    async def acquire(self, name: str) -> None:
+        """A request using `name` is about to run: have it registered. Pair with `release`."""
+        if name not in self.sources:
+            raise AdapterLoadError(f"adapter {name} is not one of this model's adapters")
+        self.busy[name] += 1  # in use from now on: never evicted while this request waits
+        try:
+            if name in self.resident:
+                self.resident.move_to_end(name)
+                return
+            async with self._lock:
+                plan = place_adapter(name, tuple(self.resident), self.busy, self.slots, overcommit=True)
+                for idle in plan.evict:
+                    await self._unload(idle)
+                    del self.resident[idle]
+                    self.unloads[idle] += 1
+                if not plan.resident:
+                    await self._load(name, self.sources[name])
+                    self.loads[name] += 1
+                    log.info("%s", plan.reason)
+                self.resident[name] = None
+                self.resident.move_to_end(name)
+        except BaseException:
+            self.release(name)
+            raise
+
+    def holding(self) -> AdapterHolding:
+        return AdapterHolding(resident=tuple(self.resident), slots=self.slots, loads=tuple(sorted(self.loads.items())),
+                              unloads=tuple(sorted(self.unloads.items())))
+
+    def release(self, name: str) -> None:
+        self.busy[name] -= 1
+        if self.busy[name] <= 0:
+            del self.busy[name]
+
+
 class ReplicaMiddleware:
     def __init__(self, app: ASGIApp, budget: AdmissionBudget, internal_token: str, counters: LoadCounters,
                  engine_stats: Callable[[], EngineLoad], engine_metrics: Callable[[], list[Metric]] = list,
-                 awake: AwakeGate | None = None, routes: Mapping[str, ASGIApp] | None = None):
+                 awake: AwakeGate | None = None, routes: Mapping[str, ASGIApp] | None = None,
+                 adapters: AdapterRegistry | None = None):
         self.app = app
         # The server's own internal paths (the doors' KV event stream, the tokenizer): behind the token.
         self.routes = dict(routes or {})
@@ -109,12 +181,14 @@ class ReplicaMiddleware:
         self.engine_stats = engine_stats
         self.engine_metrics = engine_metrics
         self.awake = awake
+        self.adapters = adapters
 
     def _load_report(self) -> LoadReport:
         load, c = self.engine_stats(), self.counters
         return LoadReport(waiting=load.waiting, running=load.running, kv_usage=load.kv_usage,
                           in_flight=c.in_flight, accepted=c.accepted, rejected=c.rejected,
-                          prompt_tokens=load.prompt_tokens, prefix_hit_tokens=load.prefix_hit_tokens)
+                          prompt_tokens=load.prompt_tokens, prefix_hit_tokens=load.prefix_hit_tokens,
+                          adapters=self.adapters.holding() if self.adapters else AdapterHolding())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] == "/health":
@@ -140,6 +214,30 @@ class ReplicaMiddleware:
         if scope["path"] in self.routes:
             await self.routes[scope["path"]](scope, receive, send)
             return
+        adapter = dict(scope["headers"]).get(ADAPTER_HEADER)
+        if adapter is not None:  # the door's word: this request runs with that adapter
+            await self._with_adapter(adapter.decode("latin-1"), scope, receive, send)
+            return
+        await self._engine_call(scope, receive, send)
+
+    async def _with_adapter(self, name: str, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.adapters is None:
+            for msg in openai_error(404, f"The model `{name}` does not exist.", "invalid_request_error",
+                                    "model_not_found"):
+                await send(msg)
+            return
+        try:
+            await self.adapters.acquire(name)
+        except AdapterLoadError as err:
+            for msg in openai_error(503, str(err), "server_error", "adapter_load_failed"):
+                await send(msg)
+            return
+        try:
+            await self._engine_call(scope, receive, send)
+        finally:
+            self.adapters.release(name)
+
+    async def _engine_call(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["path"] not in ADMITTED_PATHS:
             await self.app(scope, receive, send)
             return

@@ -34,6 +34,7 @@ from hbmserve.deployments.kv.kv_stream import EVENTS_PATH, REPLAY_PATH
 from hbmserve.deployments.replica.engine_args import publishes_kv_events
 from hbmserve.deployments.replica.sim_kv import SimKvPublisher
 from hbmserve.routing.replica_cap import AdmissionBudget
+from hbmserve.deployments.replica.replica_middleware import AdapterRegistry
 from hbmserve.deployments.replica.replica_middleware import LoadCounters, ReplicaMiddleware
 from hbmserve.deployments.replica.replica_http import AsgiListener, EngineLoad
 from hbmserve.deployments.replica.sim_metrics import GaugeStats, RequestTimer, SimEngineMetrics
@@ -187,7 +188,8 @@ def build_sim_openai_app(engine, model_name: str, max_model_len: int, metrics: S
         cfg = engine.core.cfg
         hashes = prefix_hashes(req, cfg.hash_block_tokens) if cfg.enable_prefix_caching else ()
         timer = metrics.request(time.monotonic(), plan.prompt_tokens) if metrics is not None else None
-        tokens = _timed(engine.generate(reply.id, plan.prompt_tokens, plan.output_tokens, hashes), timer)
+        adapter = None if req.model == model_name else req.model
+        tokens = _timed(engine.generate(reply.id, plan.prompt_tokens, plan.output_tokens, hashes, adapter), timer)
         # Wait for the first token before answering: errors then become 4xx/5xx, and the first
         # body byte (the ingress middleware's TTFT sample) is the first token, as with vLLM.
         try:
@@ -299,7 +301,7 @@ class SimHttpServer:
                                    tuple(a.name for a in self.model.adapters))
         try:
             asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats,
-                                     self.engine_metrics, self.awake, routes=routes)
+                                     self.engine_metrics, self.awake, routes=routes, adapters=self._adapters(sc))
             self.url = await self.listener.serve(asgi, self.host)
             if self.kv_publisher is not None:
                 self.kv_events = KvEventsInfo(hashing=HASHING_TEXT, block_size=engine_cfg.hash_block_tokens)
@@ -309,6 +311,19 @@ class SimHttpServer:
         log.info("serving simulated %s (%s on %s, %gx) on %s", self.model.name, self.model.sim.model_config_name, self.model.sim.gpu, self.model.sim.speedup,
                  self.url)
         return self.url
+
+    def _adapters(self, sc) -> AdapterRegistry | None:
+        """The registry a vLLM replica keeps, over an engine with no weights: registering is
+        instant here, and the engine model charges each load's time where it lacks the adapter
+        (capacity/perf/lora.py), by the same rule and slots."""
+        if sc.engine.lora is None:
+            return None
+
+        async def nothing(*_: str) -> None:
+            return None
+
+        return AdapterRegistry({a.name: a.source for a in self.model.adapters}, sc.engine.lora.max_cpu_loras,
+                               nothing, nothing)
 
     async def stop(self) -> None:
         await self.listener.stop()

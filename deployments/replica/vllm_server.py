@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import AsyncExitStack
 
 from prometheus_client.metrics_core import Metric
@@ -25,7 +25,7 @@ from hbmserve.routing.replica_cap import AdmissionBudget
 from hbmserve.deployments.replica.engine_args import EngineLaunch
 from hbmserve.deployments.wire.engine_metrics import engine_families
 from hbmserve.deployments.replica.vllm_argv import parse_launch
-from hbmserve.deployments.replica.replica_middleware import LoadCounters, ReplicaMiddleware
+from hbmserve.deployments.replica.replica_middleware import AdapterLoadError, AdapterRegistry, Load, LoadCounters, ReplicaMiddleware, Unload
 from hbmserve.deployments.replica.replica_http import AsgiListener, EngineLoad
 from hbmserve.deployments.replica.standby_sleep import AwakeGate
 
@@ -37,8 +37,12 @@ class VLLMHttpServer:
     vLLM is imported only in `start()`: building one (or importing this module) loads nothing."""
 
     def __init__(self, launch: EngineLaunch, budget: AdmissionBudget, internal_token: str,
-                 kv_relay: EngineKvRelay | None = None):
+                 kv_relay: EngineKvRelay | None = None, adapters: Mapping[str, str] | None = None,
+                 adapter_slots: int = 0):
+        """`adapters`: each LoRA adapter's local folder, registered in the engine on demand
+        within `adapter_slots` (replica_middleware.py AdapterRegistry)."""
         self.launch = launch
+        self.adapters, self.adapter_slots = dict(adapters or {}), adapter_slots
         self.kv_relay = kv_relay
         self.kv_events: KvEventsInfo | None = None
         self.budget = budget
@@ -66,8 +70,10 @@ class VLLMHttpServer:
             await init_app_state(self.engine_client, app.state, args, tasks)
             # Listen only once the engine is loaded: the URL is announced to the front door
             # as soon as this returns, and traffic may follow at once.
+            registry = (AdapterRegistry(self.adapters, self.adapter_slots,
+                                        *vllm_adapter_calls(app.state.openai_serving_models)) if self.adapters else None)
             asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats,
-                                     self.engine_metrics, self.awake, routes=self._kv_routes(args))
+                                     self.engine_metrics, self.awake, routes=self._kv_routes(args), adapters=registry)
             self.url = await self.listener.serve(asgi, args.host)
         except BaseException:
             await self._stack.aclose()
@@ -137,3 +143,22 @@ def engine_load(samples: Iterable[tuple[str, float]]) -> EngineLoad:
     waiting, running, kv, queries, hits = got.values()
     return EngineLoad(waiting=int(waiting), running=int(running), kv_usage=kv,
                       prompt_tokens=int(queries), prefix_hit_tokens=int(hits))
+
+
+def vllm_adapter_calls(serving_models) -> tuple[Load, Unload]:
+    """Load and unload through vLLM's OpenAIServingModels, the handlers of its
+    /v1/load_lora_adapter and /v1/unload_lora_adapter routes."""
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+    from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
+
+    async def load(name: str, path: str) -> None:
+        out = await serving_models.load_lora_adapter(LoadLoRAAdapterRequest(lora_name=name, lora_path=path))
+        if isinstance(out, ErrorResponse):
+            raise AdapterLoadError(f"vLLM could not load adapter {name} from {path}: {out.error.message}")
+
+    async def unload(name: str) -> None:
+        out = await serving_models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=name))
+        if isinstance(out, ErrorResponse):
+            raise AdapterLoadError(f"vLLM could not unload adapter {name}: {out.error.message}")
+
+    return load, unload

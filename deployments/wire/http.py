@@ -11,6 +11,9 @@ from hbmserve.core.routing import CHARS_PER_TOKEN
 
 # The front door proves itself to a replica with the deployment's internal token in this header.
 INTERNAL_TOKEN_HEADER = b"x-hbmserve-internal"
+# The LoRA adapter a request runs with, named by the front door: the replica registers it in its
+# engine first if it must (deployments/replica/replica_middleware.py AdapterRegistry).
+ADAPTER_HEADER = b"x-hbmserve-adapter"
 # A replica's load report (core.records.LoadReport), polled by every front door.
 LOAD_PATH = "/hbm/load"
 

@@ -124,4 +124,5 @@ def test_the_load_report_is_the_engine_gauges_and_the_counters():
     status, _, body = asyncio.run(run())
     assert status == 200
     assert json.loads(body) == {"waiting": 2, "running": 3, "kv_usage": 0.5, "in_flight": 1, "accepted": 9,
-                                "rejected": 2, "prompt_tokens": 0, "prefix_hit_tokens": 0}
+                                "rejected": 2, "prompt_tokens": 0, "prefix_hit_tokens": 0,
+                                "adapters": {"resident": [], "slots": 0, "loads": [], "unloads": []}}
