@@ -11,7 +11,7 @@ from hbmserve.core.scaling import ReplicaState
 
 def print_models(out: Console, models) -> None:
     """Each model's lines under the table: latency against the SLO, autoscaling, weights, sleep,
-    front doors, KV routing, placement."""
+    front doors, LoRA adapters, KV routing, placement."""
     for m in models:
         out.print(f"[bold]{m.name}[/] {_figures(m)}", highlight=False, soft_wrap=True)
         if m.autoscale:
@@ -30,6 +30,9 @@ def print_models(out: Console, models) -> None:
             out.print(f"[bold]{m.name}[/] front doors: {sum(x.accepted for x in t)} accepted, "
                       f"{sum(x.rejected for x in t)} refused, {sum(x.queued for x in t)} queued now; "
                       f"replicas reached: {' / '.join(str(x.routable) for x in t)}", highlight=False)
+        adapter_line = _adapter_line(m)
+        if adapter_line:
+            out.print(f"[bold]{m.name}[/] {adapter_line}", highlight=False, soft_wrap=True)
         kv_line = _kv_line(m)
         if kv_line:
             out.print(f"[bold]{m.name}[/] {kv_line}", highlight=False, soft_wrap=True)
@@ -75,6 +78,31 @@ def _figures(m) -> str:
     return (f"p95 TTFT {_seconds(lat.ttft_p95_s)} / SLO {_seconds(lat.slo_ttft_p95_s)} {verdict[lat.ttft_ok]}, "
             f"TPOT {_seconds(lat.tpot_p95_s)} / SLO {_seconds(lat.slo_tpot_p95_s)} {verdict[lat.tpot_ok]} "
             f"({lat.requests} requests since the replicas started); {roles}; {cost}")
+
+
+ADAPTERS_SHOWN = 5
+
+
+def _adapter_line(m) -> str | None:
+    """Each LoRA adapter's traffic over the doors, busiest first (the rest summed)."""
+    rows: dict[str, list] = {}
+    for t in m.traffic:
+        for a in t.adapters:
+            r = rows.setdefault(a.adapter, [0, 0, 0, 0, 0, 0, None])
+            for i, v in enumerate((a.requests, a.failed, a.prompt_tokens + a.completion_tokens, a.loads, a.unloads,
+                                   a.resident)):
+                r[i] += v
+            if a.ttft_p95_s is not None:
+                r[6] = max(r[6] or 0.0, a.ttft_p95_s)
+    if not rows:
+        return None
+    busiest = sorted(rows.items(), key=lambda kv: -kv[1][0])
+    parts = [f"{name} {req} req ({bad} failed), {tok} tok, TTFT p95 {_seconds(p95)}, loads {loads}/unloads "
+             f"{unloads}, on {held} replica(s)" for name, (req, bad, tok, loads, unloads, held, p95) in busiest[:ADAPTERS_SHOWN]]
+    rest = busiest[ADAPTERS_SHOWN:]
+    if rest:
+        parts.append(f"{len(rest)} more: {sum(r[0] for _, r in rest)} req, loads {sum(r[3] for _, r in rest)}")
+    return "adapters: " + "; ".join(parts)
 
 
 def _kv_line(m) -> str | None:

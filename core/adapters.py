@@ -28,6 +28,11 @@ class AdapterSpec(Strict):
     source: Annotated[str, Field(min_length=1)]
     # Its rank, where known: checked against lora.max_lora_rank before any replica starts.
     max_rank: Annotated[int, Field(ge=1)] | None = None
+    # The tenants (serve.auth's keys file) that may call it; None: every tenant.
+    tenants: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    # Its own limits, all tenants together (each tenant's own limits apply too); None: none.
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
+    tokens_per_minute: Annotated[int, Field(ge=1)] | None = None
 
 
 class LoraSlots(Strict):

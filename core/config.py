@@ -253,6 +253,9 @@ class ClusterSpec(_Strict):
                     raise ValueError(f"models.{i}.adapters.{j}.name: {a.name!r} is already the name of a model or "
                                      "of another model's adapter; each must be unique in the cluster")
                 taken.add(a.name)
+                if a.tenants is not None and self.serve.auth is None:
+                    raise ValueError(f"models.{i}.adapters.{j}.tenants: an access list needs serve.auth (API keys "
+                                     "name the tenant); set serve.auth or remove the list")
         return self
 
     def model(self, name: str) -> ModelSpec | None:

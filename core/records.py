@@ -348,6 +348,22 @@ class KvRouting(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AdapterTraffic(Record):
+    """One front door's figures for one LoRA adapter (deployments/ingress/adapter_meter.py)."""
+
+    model: str  # its base model
+    adapter: str
+    requests: int  # answered by a replica, at this door
+    failed: int  # of those, not 200
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_p95_s: float | None  # streamed replies of the last minute
+    loads: int  # by the replicas on this door's node (summed over doors: every replica once)
+    unloads: int
+    resident: int  # replicas on this door's node holding it now
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelTraffic(Record):
     """One front door's view of one model."""
 
@@ -361,6 +377,7 @@ class ModelTraffic(Record):
     migrated: int = 0  # streams that broke mid-way and went on from another replica
     migration_failed: int = 0  # broken streams that could not go on (limit spent, not resumable)
     kv: KvRouting | None = None  # set where the model's engines publish KV events
+    adapters: tuple[AdapterTraffic, ...] = ()  # its LoRA adapters
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,8 @@ from hbmserve.core.config import ClusterSpec
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.records import ReplicaEndpoint
 from hbmserve.deployments.ingress.front_door_access import AccessGuard, KeyFiles, reload_keys
-from hbmserve.deployments.ingress.front_door_app import BodyLimits, FrontDoorApp
+from hbmserve.deployments.ingress.front_door_app import FrontDoorApp
+from hbmserve.deployments.ingress.request_body import BodyLimits
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission
 from hbmserve.deployments.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
 from hbmserve.deployments.ingress.replica_table import POLL_S, ReplicaTable

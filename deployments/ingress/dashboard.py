@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hbmserve.core.records import DecisionRecord, KvRouting, PlacementReport, Record, ReplicaRoles
+from hbmserve.core.records import AdapterTraffic, DecisionRecord, KvRouting, PlacementReport, Record, ReplicaRoles
 from hbmserve.core.rollout_records import RolloutRecord
 from hbmserve.placement.topology import ClusterTopology
 
@@ -163,6 +163,7 @@ class DashboardSnapshot(Record):
     placement: PlacementMap
     rollouts: tuple[RolloutRecord, ...] = ()  # each model's last rollout (cluster/rolling_deploy.py)
     kv: tuple[ModelKvIndex, ...] = ()  # this door's KV index per model (deployments/kv/door_kv.py)
+    adapters: tuple[AdapterTraffic, ...] = ()  # each LoRA adapter (deployments/ingress/adapter_meter.py)
 
 
 def _role(replica: str, decision: DecisionRecord | None) -> str:
@@ -234,7 +235,7 @@ def placement_map(models: tuple[ModelInputs, ...], topology: ClusterTopology | N
 def build_snapshot(now: float, door: str, doors: int, auth: bool, history: tuple[DashboardSample, ...],
                    models: tuple[ModelInputs, ...], logs: dict[str, tuple[DecisionRecord, ...]],
                    topology: ClusterTopology | None, rollouts: tuple[RolloutRecord, ...] = (),
-                   kv: tuple[ModelKvIndex, ...] = ()) -> DashboardSnapshot:
+                   kv: tuple[ModelKvIndex, ...] = (), adapters: tuple[AdapterTraffic, ...] = ()) -> DashboardSnapshot:
     """`logs`: each autoscaled model's plan changes (records_store.recent_decisions), oldest first."""
     logged = sorted((LoggedDecision(model=name, decision=d) for name, ds in logs.items() for d in ds),
                     key=lambda e: e.decision.at, reverse=True)
@@ -244,4 +245,4 @@ def build_snapshot(now: float, door: str, doors: int, auth: bool, history: tuple
         history=history,
         current=tuple(LoggedDecision(model=m.model, decision=m.decision) for m in models if m.decision is not None),
         decisions=tuple(logged[:DECISIONS_SHOWN]), placement=placement_map(models, topology), rollouts=rollouts,
-        kv=kv)
+        kv=kv, adapters=adapters)

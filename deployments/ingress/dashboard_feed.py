@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from hbmserve.autoscale.signals import p95
 from hbmserve.core.config import ClusterSpec
-from hbmserve.core.records import DecisionRecord
+from hbmserve.core.records import AdapterTraffic, DecisionRecord
 from hbmserve.core.rollout_records import RolloutRecord
 from hbmserve.deployments.ingress.dashboard import (HISTORY, ClientLatency, DashboardSample, DashboardSnapshot,
                                                  ModelInputs, ModelKvIndex, ReplicaView, build_sample, build_snapshot)
@@ -166,6 +166,8 @@ class DashboardFeed:
         self.logs: dict[str, tuple[DecisionRecord, ...]] = {}
         self.rollouts: tuple[RolloutRecord, ...] = ()
         self.pages = {path: (_page_file(name), kind) for path, (name, kind) in _ASSETS.items()}
+        # () -> each LoRA adapter's figures; the door app sets it (its AdapterMeter).
+        self.adapters_of: Callable[[], tuple[AdapterTraffic, ...]] = tuple
 
     def watch(self, model: str, send, arrived_at: float, request_bytes: int):
         return ReplyWatch(send, self.windows[model], arrived_at, request_bytes)
@@ -205,7 +207,7 @@ class DashboardFeed:
         kv = () if self.table.kv is None else tuple(
             ModelKvIndex(model=name, index=kv_routing(k)) for name, k in self.table.kv.reports().items())
         return build_snapshot(time.time(), door, doors, auth, self.ring.samples(), self.inputs(), self.logs,
-                              self.topology, self.rollouts, kv)
+                              self.topology, self.rollouts, kv, self.adapters_of())
 
     def messages(self, method: str, path: str) -> tuple[dict, dict]:
         """The reply to a dashboard path (the front door has already checked its credential)."""

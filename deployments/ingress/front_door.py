@@ -29,7 +29,8 @@ from hbmserve.capacity.perf.scenario import replica_usd_per_hour
 from hbmserve.deployments.ingress.dashboard import SAMPLE_S
 from hbmserve.deployments.ingress.dashboard_feed import DashboardFeed
 from hbmserve.deployments.ingress.front_door_access import AccessGuard, KeyFiles, reload_keys
-from hbmserve.deployments.ingress.front_door_app import BodyLimits, FrontDoorApp
+from hbmserve.deployments.ingress.front_door_app import FrontDoorApp
+from hbmserve.deployments.ingress.request_body import BodyLimits
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission
 from hbmserve.deployments.ingress.gpu_metrics import GpuCollector
 from hbmserve.deployments.kv.door_kv import DoorKv, kv_routing
@@ -123,6 +124,7 @@ class FrontDoor:
             return
         changed = [m.name for m in spec.models if m != self.spec.model(m.name)]
         self.spec = self.app.spec = self.dashboard.spec = spec
+        self.app.meter.update(spec)
         for m in spec.models:
             self.admission[m.name].model = m
         self.prices = self.dashboard.prices = {m.name: replica_usd_per_hour(m) for m in spec.models}
@@ -152,19 +154,22 @@ class FrontDoor:
         own = door_families(self.app.refusals, {name: a.queued for name, a in self.admission.items()}, local,
                             self.prices, {m.name: m.slo for m in self.spec.models},
                             {"resumed": self.app.migrated, "failed": self.app.migration_failed}, self.kv.reports())
+        own += self.app.meter.families((r.endpoint.model, r.adapters) for r in local)
         return await node_metrics(self.session, self.app.token, local, own,
                                   self.gpus.collect if self.gpus is not None else None)
 
     def _info(self) -> IngressInfo:
         import psutil
 
-        kv = self.kv.reports()
+        kv, local = self.kv.reports(), local_replicas(self.table, self.node_id)
         models = tuple(ModelTraffic(model=name, accepted=a.accepted, rejected=a.rejected,
                                     in_flight=a.in_flight_sequences + a.queued, queued=a.queued,
                                     routable=self.table.routable(name), retried=self.app.retried.get(name, 0),
                                     migrated=self.app.migrated.get(name, 0),
                                     migration_failed=self.app.migration_failed.get(name, 0),
-                                    kv=kv_routing(kv[name]) if name in kv else None)
+                                    kv=kv_routing(kv[name]) if name in kv else None,
+                                    adapters=self.app.meter.traffic(name, (r.adapters for r in local
+                                                                           if r.endpoint.model == name)))
                        for name, a in self.admission.items())
         return IngressInfo(node_id=self.node_id, url=self.url, own_url=self.own_url, auth=self.guard.enforced,
                            connections=self.server.connections,

@@ -18,6 +18,7 @@ from pathlib import Path
 from hbmserve.access.authorize import Denied, authorize
 from hbmserve.access.keys import KeyRing, KeysFileError, Tenant, parse_admin_token, parse_keys_file
 from hbmserve.access.limits import Allowed, Limited, TenantLimits
+from hbmserve.core.adapters import AdapterSpec
 from hbmserve.core.config import AuthSpec
 
 
@@ -101,6 +102,7 @@ class AccessGuard:
     def __init__(self, ring: KeyRing | None, clock=time.monotonic):
         self.ring = ring
         self._limits: dict[str, TenantLimits] = {}
+        self._adapter_limits: dict[str, TenantLimits] = {}  # by adapter: its own buckets, all tenants
         self._clock = clock
 
     @property
@@ -120,27 +122,47 @@ class AccessGuard:
             return Refusal(decision.status, decision.reason, decision.err_type, decision.code)
         return Credential(decision.tenant)
 
-    def charge(self, credential: Credential, tokens: int, doors: int = 1) -> Refusal | None:
+    def charge(self, credential: Credential, tokens: int, doors: int = 1,
+               adapter: AdapterSpec | None = None) -> Refusal | None:
         """Draw one request and the most `tokens` it may use from the tenant's buckets (this door's
-        share of `doors`), or refuse: 429 with Retry-After when the tenant is over its rate, 400
-        when the request alone exceeds a minute's allowance (no wait would help)."""
+        share of `doors`), then from the adapter's it names, or refuse: 403 when the adapter's
+        access list leaves the tenant out, 429 with Retry-After when the tenant or the adapter is
+        over its rate, 400 when the request alone exceeds a minute's allowance (no wait would help).
+        The tenant's buckets come first: a tenant over its own limit spends nothing of the adapter's."""
         tenant = credential.tenant
-        if tenant is None or (tenant.requests_per_minute is None and tenant.tokens_per_minute is None):
-            return None
-        limits = self._limits.get(tenant.name) or TenantLimits.of(tenant)
-        decision, self._limits[tenant.name] = limits.take(tokens, self._clock(), max(1, doors))
-        if isinstance(decision, Allowed):
-            return None
-        if isinstance(decision, Limited):
-            return Refusal(429, decision.reason, "rate_limit_error", "rate_limit_exceeded", decision.retry_after_s)
-        return Refusal(400, decision.reason, "invalid_request_error", "request_too_large")
+        if adapter is not None and adapter.tenants is not None and (tenant is None or tenant.name not in adapter.tenants):
+            who = f"tenant {tenant.name}" if tenant is not None else "this key"
+            return Refusal(403, f"{who} may not use adapter {adapter.name}", "permission_error", "model_not_allowed")
+        if tenant is not None and (tenant.requests_per_minute is not None or tenant.tokens_per_minute is not None):
+            limits = self._limits.get(tenant.name) or TenantLimits.of(tenant)
+            decision, self._limits[tenant.name] = limits.take(tokens, self._clock(), max(1, doors))
+            if not isinstance(decision, Allowed):
+                return _refusal(decision)
+        if adapter is not None and (adapter.requests_per_minute is not None or adapter.tokens_per_minute is not None):
+            limits = self._adapter_limits.get(adapter.name) or TenantLimits(adapter.requests_per_minute,
+                                                                             adapter.tokens_per_minute)
+            decision, self._adapter_limits[adapter.name] = limits.take(tokens, self._clock(), max(1, doors))
+            if not isinstance(decision, Allowed):
+                return _refusal(decision, f"adapter {adapter.name}: ")
+        return None
 
-    def settle(self, credential: Credential, charged: int, used: int, doors: int = 1) -> None:
+    def settle(self, credential: Credential, charged: int, used: int, doors: int = 1,
+               adapter: AdapterSpec | None = None) -> None:
         """Give back what an admitted request was charged beyond what it `used` (or take the overrun)."""
-        tenant = credential.tenant
-        if tenant is None or charged == used or tenant.name not in self._limits:
+        if charged == used:
             return
-        self._limits[tenant.name] = self._limits[tenant.name].settle(charged, used, self._clock(), max(1, doors))
+        tenant = credential.tenant
+        for name, buckets in ((tenant.name if tenant else None, self._limits),
+                              (adapter.name if adapter else None, self._adapter_limits)):
+            if name in buckets:
+                buckets[name] = buckets[name].settle(charged, used, self._clock(), max(1, doors))
+
+
+def _refusal(decision, prefix: str = "") -> Refusal:
+    if isinstance(decision, Limited):
+        return Refusal(429, prefix + decision.reason, "rate_limit_error", "rate_limit_exceeded",
+                       decision.retry_after_s)
+    return Refusal(400, prefix + decision.reason, "invalid_request_error", "request_too_large")
 
 
 async def reload_keys(keys: KeyFiles, guard: AccessGuard) -> None:

@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from hbmserve.core.config import ClusterSpec
 from hbmserve.core.routing import CHARS_PER_TOKEN, RouteRequest, Router
+from hbmserve.deployments.ingress.adapter_meter import AdapterMeter
 from hbmserve.deployments.ingress.front_door_access import AccessGuard, Credential, Refusal
 from hbmserve.deployments.ingress.dashboard_feed import DashboardFeed
 from hbmserve.deployments.ingress.door_metrics import Refusals
@@ -35,7 +36,8 @@ from hbmserve.deployments.ingress.front_door_openapi import openapi_document
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission, ask_for
 from hbmserve.deployments.ingress.migration import StreamLedger, resumable, with_token_ids
 from hbmserve.deployments.ingress.relay import FirstByteTimeout, NotStarted, Refused, end_broken, relay, upstream_headers
-from hbmserve.deployments.ingress.request_body import EMBEDDINGS, BodyShapeError, Generation, read_generation
+from hbmserve.deployments.ingress.request_body import (EMBEDDINGS, BodyError, BodyLimits, BodyShapeError, Generation,
+                                                      read_body, read_generation)
 from hbmserve.deployments.ingress.usage_tap import UsageTap, with_usage_asked
 from hbmserve.routing.queue import Ask
 from hbmserve.deployments.wire.http import json_response, openai_error
@@ -51,47 +53,6 @@ RUN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations"
 MODEL_PATHS = RUN_PATHS | {"/tokenize", "/detokenize"}
 REFUSED_PAUSE_S = 0.25  # between continuations that replicas refused (at their caps)
 REFUSED_TRIES = 20  # then the stream ends with an error: 5 s of survivors too full to take it
-
-
-@dataclass(frozen=True)
-class BodyLimits:
-    max_bytes: int = 4 * 1024 * 1024
-    read_timeout_s: float = 30.0
-    first_byte_timeout_s: float = 600.0
-
-
-class BodyError(Exception):
-    def __init__(self, status: int, message: str, code: str):
-        super().__init__(message)
-        self.status, self.code = status, code
-
-
-async def read_body(scope, receive, limits: BodyLimits) -> bytes:
-    """The whole request body, or BodyError: 413 past the size limit (checked against
-    Content-Length first, so a large upload is refused before it is read), 408 when the client
-    does not finish sending in time. A slow body holds a connection, never an admission slot."""
-    declared = dict(scope["headers"]).get(b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
-        raise BodyError(413, f"request body of {int(declared)} bytes exceeds the limit of {limits.max_bytes}",
-                        "request_too_large")
-    parts, size = [], 0
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limits.read_timeout_s
-    while True:
-        try:
-            message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - loop.time()))
-        except asyncio.TimeoutError:
-            raise BodyError(408, f"request body not received within {limits.read_timeout_s:g}s",
-                            "request_timeout") from None
-        if message["type"] == "http.disconnect":
-            raise BodyError(499, "client closed the connection", "client_closed")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limits.max_bytes:
-            raise BodyError(413, f"request body exceeds the limit of {limits.max_bytes} bytes", "request_too_large")
-        parts.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(parts)
 
 
 async def _send_error(send, status: int, message: str, err_type: str, code: str, retry_after: int | None = None,
@@ -141,6 +102,10 @@ class FrontDoorApp:
         self.metrics_of = metrics_of  # async () -> the /metrics reply (door_metrics.py)
         self.refusals = Refusals()
         self.dashboard = dashboard  # the ops dashboard's feed: serves its page, times each reply
+        self.meter = AdapterMeter(spec)  # per-adapter requests, tokens and TTFT (issue 25)
+        if dashboard is not None:
+            dashboard.adapters_of = lambda: tuple(a for m in self.spec.models for a in self.meter.traffic(
+                m.name, (r.adapters for r in self.table.replicas.get(m.name, {}).values())))
         self.openapi = openapi_document(spec)
         self.retried: dict[str, int] = {}  # model -> requests retried on another replica
         self.migrated: dict[str, int] = {}  # model -> streams that went on from another replica
@@ -264,12 +229,12 @@ class FrontDoorApp:
             tokens = len(request_text(path, body, first_of_many=True) or "") // CHARS_PER_TOKEN
             gen = Generation(prompts=1, sequences=1, prompt_tokens=tokens, max_tokens=0, all_prompt_tokens=tokens)
         charged = gen.most_tokens(model.engine_settings.max_model_len)
-        refused = self.guard.charge(credential, charged, self.table.doors)
+        refused = self.guard.charge(credential, charged, self.table.doors, adapter=served[1])
         if refused is not None:
             if refused.code == "request_too_large" and gen.max_tokens is None:
                 refused = replace(refused, message=f"{refused.message} Without max_tokens a reply may run to the end "
                                   f"of the context ({model.engine_settings.max_model_len} tokens): set max_tokens.")
-            await self._refuse(send, refused, model.name, tenant)
+            await self._refuse(send, refused, name, tenant)  # an adapter's refusals carry its name
             return
         tap = UsageTap(strip=gen.stream and not gen.stream_usage)
         raw = with_usage_asked(raw, body, gen)
@@ -281,7 +246,10 @@ class FrontDoorApp:
                                         ask_for(credential, model, gen, asyncio.get_running_loop().time()),
                                         body, tenant, tap, ledger)
         finally:  # the bucket keeps what the engine spent, not the most the request might have
-            self.guard.settle(credential, charged, tap.spent(charged, gen.all_prompt_tokens), self.table.doors)
+            self.guard.settle(credential, charged, tap.spent(charged, gen.all_prompt_tokens), self.table.doors,
+                              served[1])
+            if served[1] is not None:
+                self.meter.settle(served[1].name, tap)
 
     async def _admit_and_relay(self, scope, receive, send, model: str, raw: bytes, ask: Ask, body: dict[str, Any],
                                tenant: str | None, tap: UsageTap, ledger: StreamLedger | None) -> None:
@@ -292,6 +260,8 @@ class FrontDoorApp:
         gate = self.admission[model]
         if self.dashboard is not None:  # times what the client gets, for the ops dashboard
             send = self.dashboard.watch(model, send, ask.arrived_at, len(raw))
+        if (adapter := adapter_named(body, model)) is not None:
+            send = self.meter.watch(adapter, send, ask.arrived_at, len(raw))
         # A client that leaves while queued gives its place back at once (enter's cancellation).
         ticket = await _while_connected(receive, gate.enter(ask))
         if ticket is None:

@@ -9,10 +9,13 @@ are 12000; 4.5 is refused), and let every other field through untouched for the 
 `tests/unit/deployments/ingress/test_request_body.py` checks them against vLLM's on hostile bodies.
 
 A body of the wrong shape is a `BodyShapeError` naming the field, answered 400 by the door.
+Before any of that, `read_body` takes the bytes off the socket within the door's size and time
+limits (`BodyLimits`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -215,3 +218,44 @@ def _text(content: str | list[str | BaseModel] | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     return "".join(p if isinstance(p, str) else p.text for p in content if isinstance(p, (str, _TextPart)))
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    max_bytes: int = 4 * 1024 * 1024
+    read_timeout_s: float = 30.0
+    first_byte_timeout_s: float = 600.0
+
+
+class BodyError(Exception):
+    def __init__(self, status: int, message: str, code: str):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+async def read_body(scope, receive, limits: BodyLimits) -> bytes:
+    """The whole request body, or BodyError: 413 past the size limit (checked against
+    Content-Length first, so a large upload is refused before it is read), 408 when the client
+    does not finish sending in time. A slow body holds a connection, never an admission slot."""
+    declared = dict(scope["headers"]).get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
+        raise BodyError(413, f"request body of {int(declared)} bytes exceeds the limit of {limits.max_bytes}",
+                        "request_too_large")
+    parts, size = [], 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.read_timeout_s
+    while True:
+        try:
+            message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            raise BodyError(408, f"request body not received within {limits.read_timeout_s:g}s",
+                            "request_timeout") from None
+        if message["type"] == "http.disconnect":
+            raise BodyError(499, "client closed the connection", "client_closed")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limits.max_bytes:
+            raise BodyError(413, f"request body exceeds the limit of {limits.max_bytes} bytes", "request_too_large")
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)

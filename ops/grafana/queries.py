@@ -9,7 +9,8 @@ cluster, judging each answer with `answer_problem`.
 
 Panels whose description starts with a mark read series that only some clusters have: GPU_ONLY,
 GPU nodes (NVML gauges, the placement check of planned GPU replicas); KV_EVENTS_ONLY, models
-whose engines publish KV events (the doors' KV index). A cluster without them legitimately has
+whose engines publish KV events (the doors' KV index); ADAPTERS_ONLY, models that declare LoRA
+adapters. A cluster without them legitimately has
 no data there, and the live test skips exactly those panels when the series are absent, saying
 so.
 """
@@ -27,7 +28,8 @@ from typing import Any
 DASHBOARD = Path(__file__).with_name("hbmserve.json")
 GPU_ONLY = "GPU nodes only:"
 KV_EVENTS_ONLY = "KV events only:"
-MARKS = (GPU_ONLY, KV_EVENTS_ONLY)
+ADAPTERS_ONLY = "LoRA adapters only:"
+MARKS = (GPU_ONLY, KV_EVENTS_ONLY, ADAPTERS_ONLY)
 
 # $name, ${name} and ${name:format} (Grafana's variable syntax; [[name]] is deprecated and unused).
 _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")

@@ -33,7 +33,8 @@ from hbmserve.cluster.tiny_model import write_lora
 from hbmserve.core.config import parse_cluster_spec
 from hbmserve.core.records import ReplicaEndpoint
 from hbmserve.deployments.ingress.front_door_access import AccessGuard
-from hbmserve.deployments.ingress.front_door_app import BodyLimits, FrontDoorApp
+from hbmserve.deployments.ingress.front_door_app import FrontDoorApp
+from hbmserve.deployments.ingress.request_body import BodyLimits
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission
 from hbmserve.deployments.ingress.replica_table import ReplicaTable
 from tests.integration.conftest import stop_process

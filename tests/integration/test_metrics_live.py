@@ -29,6 +29,7 @@ UNLIMITED = "metrics-unlimited-key-0123456789"  # traffic for the dashboard's ra
 ADMIN = "metrics-admin-token-0123456789"
 PER_MINUTE = 4  # the tenant's request rate: the fifth and sixth requests are refused
 BODY = {"model": MODEL, "prompt": "count my tokens", "max_tokens": 16}
+ADAPTER = f"{MODEL}-lora"  # a LoRA adapter of the model: the adapter panels read its requests
 # The dashboard's queries as Grafana sends them with this cluster's model chosen; a rate window
 # of a minute holds the requests the fixture sends once Prometheus scrapes (every second).
 PANEL_QUERIES = panel_queries(load(), {"model": MODEL, "__rate_interval": "1m"}) + variable_queries(load())
@@ -53,6 +54,7 @@ models:
     engine: sim
     engine_settings: {{max_model_len: 2048, max_num_seqs: 4, enable_prefix_caching: true}}
     sim: {{gpu: h100-sxm, model_config_name: llama-3.1-8b, speedup: 10}}
+    adapters: [{{name: {ADAPTER}, source: /unused}}]
     slo: {{ttft_p95_ms: 2000, tpot_p95_ms: 100}}
     autoscaling: {{min_replicas: 1, max_replicas: 2, hot_standby: {{min: 1, max: 1}}, upscale_delay_s: 1}}
 """
@@ -121,8 +123,12 @@ def dashboard_data(metered, scraped):
     bulk = {"authorization": f"Bearer {UNLIMITED}"}
     n = 4
     codes = [httpx.post(f"{metered}/v1/completions", json=BODY, headers=bulk, timeout=60).status_code for _ in range(n)]
-    assert codes == [200] * n, codes
-    seen = before[0][1] + n if before else n
+    streamed = {**BODY, "model": ADAPTER, "stream": True}  # the adapter's TTFT is timed on streamed replies
+    codes += [httpx.post(f"{metered}/v1/completions", json=streamed, headers=bulk, timeout=60).status_code
+              for _ in range(2)]
+    assert codes == [200] * (n + 2), codes
+    prom.wait_for(f'sum(hbmserve_adapter_requests_total{{{m}, adapter="{ADAPTER}", code="200"}})', lambda v: v == 2, 30)
+    seen = (before[0][1] if before else 0) + n + 2  # the adapter's requests ran on the model's engines
     after = prom.wait_for(f"sum(hbmserve_time_to_first_token_seconds_count{{{m}}})", lambda v: v == seen, 30)
     assert [v for _, v in after] == [seen], after
     return prom
@@ -135,7 +141,8 @@ def test_every_grafana_panel_query_returns_data(dashboard_data, query):
         # Marked (GPU nodes, KV events): a cluster without them has none of the series at all.
         # Present series are checked like any other panel's.
         families = sorted(metric_families(query.expr))
-        if not prom.query(f'count({{__name__=~"{"|".join(families)}"}})'):
+        names = "|".join(f"{f}(_bucket|_count|_sum)?" for f in families)  # a histogram's series
+        if not prom.query(f'count({{__name__=~"{names}"}})'):
             pytest.skip(f"{query.only.rstrip(':')}: panel {query.panel!r} reads series this cluster has none of "
                         f"({', '.join(families)})")
     deadline = time.monotonic() + DATA_WAIT_S

@@ -140,6 +140,16 @@ function drawKv(snap) {
   }));
 }
 
+function drawAdapters(snap) {
+  $("#adapters tbody").replaceChildren(...snap.adapters.map((a) => {
+    const tr = el("tr", { "data-adapter": a.adapter, "data-requests": a.requests, "data-loads": a.loads });
+    const ttft = a.ttft_p95_s === null ? "-" : `${(a.ttft_p95_s * 1000).toFixed(0)} ms`;
+    tr.append(...[a.model, a.adapter, a.requests, a.failed, a.prompt_tokens + a.completion_tokens, ttft, a.loads,
+      a.unloads, a.resident].map((v) => el("td", {}, String(v))));
+    return tr;
+  }));
+}
+
 function drawRollouts(snap) {
   if (!snap.rollouts.length) return;
   $("#rollouts").replaceChildren(...snap.rollouts.map((r) => {
@@ -212,6 +222,7 @@ function render(snap) {
   drawDecisions(snap);
   drawRollouts(snap);
   drawKv(snap);
+  drawAdapters(snap);
   drawPlacement(snap);
 }
 

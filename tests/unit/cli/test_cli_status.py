@@ -15,13 +15,23 @@ from typer.testing import CliRunner
 from hbmserve.cli.serve import register
 from hbmserve.cluster import ray_cluster as rc
 from hbmserve.cluster.status_figures import LatencyVsSlo
-from hbmserve.core.records import (CrossedGroup, DecisionRecord, KvRouting, ModelTraffic, ObservedRank,
+from hbmserve.core.records import (AdapterTraffic, CrossedGroup, DecisionRecord, KvRouting, ModelTraffic, ObservedRank,
                                    PlacementReport, RecordError, ReplicaRoles)
 from hbmserve.core.scaling import ReplicaState, Tier
 
 URL = "http://127.0.0.1:18000"
 KV = KvRouting(streams=2, hbm_blocks=900, host_blocks=4000, untrusted=1, max_lag_s=0.05, batches=300, lost=2,
                hashed=40, hash_ms=0.35)
+
+
+def adapters(door: int) -> tuple[AdapterTraffic, ...]:
+    """Seven adapters at each of two doors: sql busiest, a-0..a-5 in the tail."""
+    sql = AdapterTraffic(model="sleepy", adapter="sql", requests=10, failed=door, prompt_tokens=300,
+                         completion_tokens=100, ttft_p95_s=0.1 * (door + 1), loads=1, unloads=0, resident=1)
+    tail = tuple(AdapterTraffic(model="sleepy", adapter=f"a-{i}", requests=i, failed=0, prompt_tokens=0,
+                                completion_tokens=0, ttft_p95_s=None, loads=1, unloads=1, resident=0)
+                 for i in range(6))
+    return (sql, *tail)
 
 
 def models() -> list[rc.ModelStatus]:
@@ -42,8 +52,10 @@ def models() -> list[rc.ModelStatus]:
                        rc.ReplicaStats("bbbbbbbb:12", URL, 0, 0, 0, ReplicaState.STANDBY, sleeping=True,
                                        wake_s=1.75)),
         autoscale=decision,
-        traffic=(ModelTraffic(model="sleepy", accepted=3, rejected=1, in_flight=2, queued=1, routable=1, kv=KV),
-                 ModelTraffic(model="sleepy", accepted=4, rejected=0, in_flight=0, queued=0, routable=1)),
+        traffic=(ModelTraffic(model="sleepy", accepted=3, rejected=1, in_flight=2, queued=1, routable=1, kv=KV,
+                              adapters=adapters(0)),
+                 ModelTraffic(model="sleepy", accepted=4, rejected=0, in_flight=0, queued=0, routable=1,
+                              adapters=adapters(1))),
         latency=LatencyVsSlo(ttft_p95_s=0.25, tpot_p95_s=0.15, slo_ttft_p95_s=2.0, slo_tpot_p95_s=0.1, requests=40),
         roles=ReplicaRoles(starting=1, active=1, standby=1, draining=0, warm=2), usd_per_hour=6.0)]
 
@@ -92,9 +104,11 @@ def test_status_json_keeps_its_shape(cli):
         "traffic": [{"model": "sleepy", "accepted": 3, "rejected": 1, "in_flight": 2, "queued": 1, "routable": 1,
                      "retried": 0, "migrated": 0, "migration_failed": 0,
                      "kv": {"streams": 2, "hbm_blocks": 900, "host_blocks": 4000, "untrusted": 1, "max_lag_s": 0.05,
-                            "batches": 300, "lost": 2, "hashed": 40, "hash_ms": 0.35}},
+                            "batches": 300, "lost": 2, "hashed": 40, "hash_ms": 0.35},
+                     "adapters": [a.to_dict() for a in adapters(0)]},
                     {"model": "sleepy", "accepted": 4, "rejected": 0, "in_flight": 0, "queued": 0, "routable": 1,
-                     "retried": 0, "migrated": 0, "migration_failed": 0, "kv": None}],
+                     "retried": 0, "migrated": 0, "migration_failed": 0, "kv": None,
+                     "adapters": [a.to_dict() for a in adapters(1)]}],
         "latency": {"ttft_p95_s": 0.25, "tpot_p95_s": 0.15, "slo_ttft_p95_s": 2.0, "slo_tpot_p95_s": 0.1,
                     "requests": 40},
         "roles": {"starting": 1, "active": 1, "standby": 1, "draining": 0, "warm": 2},
@@ -117,6 +131,10 @@ def test_status_text_is_printed_from_typed_fields(cli):
     assert ("sleepy p95 TTFT 250ms / SLO 2.00s ok, TPOT 150ms / SLO 100ms over (40 requests since the replicas "
             "started); replicas 1 active, 1 standby, 1 starting, 0 draining, 2 warm; $6.00/hour") in text
     assert "front doors (/metrics, admin token): 127.0.0.1:41234" in text
+    # Summed over the two doors, busiest first; TTFT p95 the worse door's; the tail summed.
+    assert ("sleepy adapters: sql 20 req (1 failed), 800 tok, TTFT p95 200ms, loads 2/unloads 0, on 2 replica(s); "
+            "a-5 10 req (0 failed), 0 tok, TTFT p95 -, loads 2/unloads 2, on 0 replica(s)") in " ".join(text.split())
+    assert "2 more: 2 req, loads 4" in text
     assert ("sleepy prefix cache hit 60.0% (60% by replica); KV index at 1 door(s): 900 HBM + 4000 host blocks, "
             "streams 2, untrusted 1, lag 0.05 s, batches lost 2 of 300, hashing 0.35 ms a request") in text
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hbmserve.ops.grafana.queries import (GPU_ONLY, KV_EVENTS_ONLY, PanelQuery, UnknownVariable, answer_problem, load,
+from hbmserve.ops.grafana.queries import (ADAPTERS_ONLY, GPU_ONLY, KV_EVENTS_ONLY, PanelQuery, UnknownVariable, answer_problem, load,
                                           metric_families, panel_queries, panels, substitute, variable_queries)
 
 README = Path(__file__).resolve().parents[3] / "README.md"
@@ -22,6 +22,7 @@ VALUES = {"model": "llama-8b", "__rate_interval": "1m"}
 GPU_SERIES = ("hbmserve_gpu_", "ray_hbmserve_placement_")
 # Series that exist only for models whose engines publish KV events: the doors' KV index.
 KV_SERIES = ("hbmserve_kv_index_", "hbmserve_kv_event_")
+ADAPTER_SERIES = ("hbmserve_adapter_",)
 
 
 def readme_metrics() -> tuple[set[str], set[str]]:
@@ -114,7 +115,9 @@ def test_every_metric_read_is_in_the_readme_at_the_endpoint_that_serves_it():
               "ray_hbmserve_placement_verified", "hbmserve_gpu_utilization", "hbmserve_gpu_memory_used_bytes",
               "hbmserve_gpu_nvlink_bytes_total", "hbmserve_prefix_cache_hits_total", "hbmserve_prefix_cache_queries_total",
               "hbmserve_kv_index_blocks", "hbmserve_kv_index_untrusted_replicas", "hbmserve_kv_index_lag_seconds",
-              "hbmserve_kv_event_batches_total", "hbmserve_kv_index_gaps_total"}
+              "hbmserve_kv_event_batches_total", "hbmserve_kv_index_gaps_total", "hbmserve_adapter_requests_total",
+              "hbmserve_adapter_ttft_seconds", "hbmserve_adapter_loads_total", "hbmserve_adapter_unloads_total",
+              "hbmserve_adapter_resident_replicas"}
     assert wanted <= read, wanted - read
 
 
@@ -129,12 +132,13 @@ def test_marks_name_exactly_the_panels_whose_series_only_some_clusters_have():
     would hide it."""
     for p in panels(load()):
         read = set().union(*(metric_families(t["expr"]) for t in p["targets"]))
-        for mark, series in ((GPU_ONLY, GPU_SERIES), (KV_EVENTS_ONLY, KV_SERIES)):
+        for mark, series in ((GPU_ONLY, GPU_SERIES), (KV_EVENTS_ONLY, KV_SERIES), (ADAPTERS_ONLY, ADAPTER_SERIES)):
             assert p["description"].startswith(mark) == all(name.startswith(series) for name in read), p["title"]
     marked = {q.panel: q.only for q in panel_queries(load(), VALUES) if q.only}
     assert marked == {"Placement verified": GPU_ONLY, "GPU utilisation": GPU_ONLY, "GPU memory used": GPU_ONLY,
                       "NVLink throughput": GPU_ONLY, "KV index: blocks and trust": KV_EVENTS_ONLY,
-                      "KV events: lag and losses": KV_EVENTS_ONLY}
+                      "KV events: lag and losses": KV_EVENTS_ONLY, "Adapter requests/s": ADAPTERS_ONLY,
+                      "Adapter p95 time to first token": ADAPTERS_ONLY, "Adapter loads and unloads/min": ADAPTERS_ONLY}
 
 
 def _vector(*values: str) -> dict:

@@ -15,7 +15,8 @@ from hbmserve.access.keys import parse_keys_file
 from hbmserve.core.config import parse_cluster_spec
 from hbmserve.core.records import ReplicaEndpoint
 from hbmserve.deployments.ingress.front_door_access import AccessGuard
-from hbmserve.deployments.ingress.front_door_app import BodyLimits, FrontDoorApp
+from hbmserve.deployments.ingress.front_door_app import FrontDoorApp
+from hbmserve.deployments.ingress.request_body import BodyLimits
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission
 from hbmserve.deployments.ingress.replica_table import ReplicaTable
 from hbmserve.deployments.replica.engine_replica import replica_budget
