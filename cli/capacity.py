@@ -266,9 +266,12 @@ def plan_cmd(
     source: Annotated[Optional[str], typer.Option("--source", help="the model's weights in that config (hub id or "
                                                   "folder); default: the --model folder")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing --emit-config file")] = False,
+    adapters: Annotated[Optional[int], typer.Option("--adapters", help="LoRA adapters served: size their slots on "
+                                                    "the first plan (as plan-adapters does)")] = None,
 ) -> None:
     """Search GPU x TP x PP x quantisation x engine knobs x replicas for the cheapest plan meeting the SLO."""
     from hbmserve.cli import plan_emit
+    from hbmserve.cli.tier_plan import plan_note
     from hbmserve.core.config import SloSeconds
     from hbmserve.capacity.perf.hardware import load_catalog
     from hbmserve.capacity.perf.model_shape import load_model_shape
@@ -279,6 +282,8 @@ def plan_cmd(
         raise fail("give exactly one of --rate RPS or --trace FILE")
     if slo_ttft_p95 <= 0 or slo_tpot_p95 <= 0:
         raise fail("--slo-ttft-p95 and --slo-tpot-p95 must be > 0")
+    if adapters is not None and adapters < 1:
+        raise fail(f"--adapters: must be >= 1, not {adapters}")
     if emit_config is not None:
         plan_emit.check_target(emit_config, force)
         refs = plan_emit.model_refs(model, source)
@@ -301,8 +306,8 @@ def plan_cmd(
     slo = SloSeconds(slo_ttft_p95, slo_tpot_p95)
     with _progress(not json_out) as bar:
         task = bar.add_task("planning", total=1)
-        result = plan(shape, [cat[n] for n in names], arr, slo,
-                      SearchSpace(max_total_gpus=max_gpus, quantizations=quants),
+        space = SearchSpace(max_total_gpus=max_gpus, quantizations=quants)
+        result = plan(shape, [cat[n] for n in names], arr, slo, space,
                       confirm_top=confirm_top, sim_arrivals=sim_arr,
                       progress=lambda d, t, label: bar.update(task, completed=d, total=t, description=label))
     if plot is not None and result.plans:
@@ -315,6 +320,8 @@ def plan_cmd(
         _print_plans(result, top, shape.name)
         if plot is not None:
             typer.echo(f"frontier written to {plot}")
+    if adapters and result.feasible:
+        plan_note(result.plans[0], shape, cat, sim_arr, adapters, space, slo, json_out)
     if not result.feasible:
         if not json_out:
             typer.echo("no confirmed plan meets the SLO; the first row is the closest", err=True)

@@ -1,16 +1,25 @@
-"""KV cache planning commands: `hbmserve plan-host-tier` (how much host memory to give a model's
-KV tier, priced against the GPU-hours it saves on a trace, capacity/planning/host_tier.py) and
-`hbmserve prefix-trace` (prefix-heavy traces with hash_ids to plan and simulate on)."""
+"""Planning what a replica keeps beside its weights: `hbmserve plan-host-tier` (how much host memory
+to give a model's KV tier, priced against the GPU-hours it saves on a trace, capacity/planning/
+host_tier.py), `hbmserve prefix-trace` (prefix-heavy traces with hash_ids to plan and simulate on)
+and `hbmserve plan-adapters` (a model's LoRA slots on adapter traffic, capacity/planning/
+adapter_plan.py: per (GPU slots, host slots) the fewest replicas meeting the SLO and their $ per
+million tokens, the pick and why, and what each adapter costs; `hbmserve plan --adapters N` prints
+the same figures from one quick evaluation on the first plan's layout, `plan_note`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from hbmserve.cli.user_errors import fail, user_errors
+
+# plan-adapters: requests simulated per slot candidate (about 20 candidates, a few runs each,
+# stay well under a minute).
+MAX_REQUESTS = 3000
 
 
 def plan_host_tier_cmd(
@@ -102,6 +111,151 @@ def prefix_trace_cmd(
     typer.echo(f"{len(arr)} requests ({shape}, seed {seed}) written to {out}")
 
 
+def plan_adapters_cmd(
+    config: Annotated[Path, typer.Option("--config", help="cluster YAML")],
+    model: Annotated[Optional[str], typer.Option("--model", help="model name in the config (default: first)")] = None,
+    adapters: Annotated[Optional[int], typer.Option("--adapters", help="adapters served (default: the model's "
+                                                    "declared adapters)")] = None,
+    zipf: Annotated[float, typer.Option("--zipf", help="popularity skew: adapter k gets 1/(k+1)^S of the "
+                                        "requests (0: all alike; 1 and above: a few hot, a long cold tail)")] = 1.0,
+    rate: Annotated[float, typer.Option("--rate", help="requests/s, all adapters together")] = 20.0,
+    duration: Annotated[float, typer.Option("--duration", help="seconds of synthetic traffic")] = 120.0,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="CSV or JSONL trace instead of --rate; a JSONL "
+                                                  "`adapter` field names each request's adapter, else they are "
+                                                  "drawn by --zipf")] = None,
+    gpu_slots: Annotated[str, typer.Option("--gpu-slots", help="max_loras values to try, comma-separated")]
+    = "1,2,4,8,16,32",
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    catalog: Annotated[Optional[Path], typer.Option("--catalog", help="hardware catalog YAML")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Size the model's LoRA slots on adapter traffic: replicas and $/Mtok per slot setting, $/Mtok per adapter."""
+    from hbmserve.capacity.perf.hardware import load_catalog
+    from hbmserve.capacity.perf.scenario import scenario_for
+    from hbmserve.capacity.planning.adapter_plan import plan_adapter_slots
+    from hbmserve.cli.capacity import config_model
+
+    try:
+        m = config_model(config, model)
+        slots = _slots(gpu_slots)
+        sc = scenario_for(m, load_catalog(catalog))
+        arr, note = _arrivals(m, adapters, zipf, rate, duration, trace, seed)
+        plan = plan_adapter_slots(sc, arr, m.lora.max_lora_rank, slots)
+    except user_errors() as err:
+        raise fail(str(err)) from None
+    except ValueError as err:
+        raise fail(f"models.{m.name}: {err}") from None
+    title = f"{m.name}: {len(arr.adapter_names)} adapters, {len(arr):,} requests over {arr.duration_s:.0f} s{note}"
+    if json_out:
+        print(json.dumps({"model": m.name, "requests": len(arr), "adapters": len(arr.adapter_names),
+                          **plan_json(plan)}))
+        return
+    _print_slots(title, plan)
+
+
+def _slots(text: str) -> tuple[int, ...]:
+    try:
+        slots = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise fail(f"--gpu-slots: not a comma-separated list of whole numbers: {text!r}") from None
+    if min(slots) < 1:
+        raise fail(f"--gpu-slots: each must be >= 1: {text!r}")
+    return slots
+
+
+def _arrivals(m: Any, adapters: Optional[int], zipf: float, rate: float, duration: float, trace: Optional[Path],
+              seed: int) -> tuple[Any, str]:
+    """The traffic to plan on, and a note when it was clipped to MAX_REQUESTS."""
+    from hbmserve.capacity.traces.adapter_trace import AdapterTraceSpec, adapter_arrivals, with_adapters
+    from hbmserve.capacity.traces.arrivals import read_trace
+
+    if adapters is not None and adapters < 1:
+        raise fail(f"--adapters: must be >= 1, not {adapters}")
+    if zipf < 0 or (trace is None and min(rate, duration) <= 0):
+        raise fail("--zipf must be >= 0, --rate and --duration > 0")
+    recorded = read_trace(trace) if trace is not None else None
+    named = recorded is not None and recorded.adapters is not None
+    if named and adapters is not None:
+        raise fail(f"--adapters: the trace {trace} names its own adapters; leave it out")
+    n = adapters or len(m.adapters)
+    if not n and not named:
+        raise fail(f"models.{m.name}.adapters: the model declares none; declare them or pass --adapters N")
+    spec = AdapterTraceSpec(adapters=max(n, 1), zipf_s=zipf, rate_rps=rate, duration_s=duration,
+                            max_context_tokens=min(4096, m.engine_settings.max_model_len))
+    arr = recorded if named else with_adapters(recorded, spec, seed) if recorded is not None else \
+        adapter_arrivals(spec, seed)
+    if not named and len(m.adapters) == n:  # the model's own names, the first the most popular
+        arr = dataclasses.replace(arr, adapter_names=tuple(a.name for a in m.adapters))
+    clipped = _first(arr)
+    return clipped, "" if clipped is arr else f" (the first {len(clipped):,} of {len(arr):,}, to keep the run short)"
+
+
+def _first(arr: Any) -> Any:
+    """The first MAX_REQUESTS requests of `arr` (all of a shorter trace)."""
+    return arr if len(arr) <= MAX_REQUESTS else arr.window(0.0, float(arr.t[MAX_REQUESTS]))
+
+
+def plan_json(plan: Any) -> dict[str, Any]:
+    def cost(c: Any) -> dict[str, Any]:
+        return {**dataclasses.asdict(c), "usd_per_mtok_input": c.usd_per_mtok_input,
+                "usd_per_mtok_output": c.usd_per_mtok_output, "usd_per_mtok": c.usd_per_mtok}
+
+    return {"best": dataclasses.asdict(plan.best), "reason": plan.reason,
+            "options": [dataclasses.asdict(o) for o in plan.options], "adapter_costs": [cost(c) for c in plan.adapters]}
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _print_slots(title: str, plan: Any) -> None:
+    from rich.table import Table
+
+    from hbmserve.capacity.planning.adapter_plan import hot_and_tail
+    from hbmserve.cli.capacity import wide_console
+
+    c = wide_console()
+    t = Table("GPU slots", "host slots", "replicas", "SLO met", "TTFT p95 s", "TPOT p95 ms", "SLO attained",
+              "loads/min", "$/Mtok", title=f"{title}: slot settings")
+    for o in plan.options:
+        mark = "[bold]" if o is plan.best else ""
+        t.add_row(f"{mark}{o.max_loras}", str(o.max_cpu_loras), str(o.replicas), "yes" if o.meets_slo else "no",
+                  _f(o.ttft_p95_s, ".3f"), _f(o.tpot_p95_s and o.tpot_p95_s * 1e3, ".1f"), f"{o.slo_attainment:.1%}",
+                  f"{o.loads_per_min:.1f}", _f(o.usd_per_mtok, ".4f"))
+    c.print(t)
+    a = Table("adapter", "requests", "loads", "load $", "$/Mtok in", "$/Mtok out", "$/Mtok",
+              title=f"per adapter at the pick (${plan.best.usd:.4f} over the trace, split by activity)")
+    for row in hot_and_tail(plan.adapters):
+        a.add_row(row.adapter, f"{row.requests:,}", str(row.loads), f"{row.load_usd:.5f}",
+                  _f(row.usd_per_mtok_input, ".4f"), _f(row.usd_per_mtok_output, ".4f"), _f(row.usd_per_mtok, ".4f"))
+    c.print(a)
+    b = plan.best
+    c.print(f"[bold]lora: {{max_loras: {b.max_loras}, max_cpu_loras: {b.max_cpu_loras}}}[/]: {plan.reason}",
+            highlight=False, soft_wrap=True)
+
+
+def plan_note(first: Any, shape: Any, gpus: dict, arrivals: Any, adapters: int, space: Any, slo: Any,
+              to_stderr: bool) -> None:
+    """`hbmserve plan --adapters N`: the slot plan of the first plan's layout on the plan's own
+    traffic (its first MAX_REQUESTS requests) with N adapters at Zipf 1, in a few lines."""
+    from hbmserve.capacity.planning.adapter_plan import hot_and_tail, plan_adapter_slots
+    from hbmserve.capacity.planning.planner import scenario_of
+    from hbmserve.capacity.traces.adapter_trace import AdapterTraceSpec, with_adapters
+    from hbmserve.core.adapters import LoraSlots
+
+    sc = scenario_of(first, shape, gpus, slo, space)
+    arr = with_adapters(_first(arrivals), AdapterTraceSpec(adapters=adapters))
+    plan = plan_adapter_slots(sc, arr, LoraSlots().max_lora_rank, first_guess=sc.replicas)
+    per = "; ".join(f"{r.adapter} ${_f(r.usd_per_mtok_input, '.4f')} in, ${_f(r.usd_per_mtok_output, '.4f')} out"
+                    for r in hot_and_tail(plan.adapters, top=1))
+    b = plan.best
+    typer.echo(f"LoRA, {adapters} adapters at Zipf 1 on {first.layout} ({len(arr):,} requests simulated; the plan "
+               f"without adapters: {sc.replicas} replica{'s' if sc.replicas != 1 else ''}): lora: {{max_loras: {b.max_loras}, max_cpu_loras: "
+               f"{b.max_cpu_loras}}}. {plan.reason}. $ per million tokens by adapter: {per}. The whole table, on "
+               f"your adapters' own traffic: hbmserve plan-adapters --config C --adapters {adapters}", err=to_stderr)
+
+
 def register(app: typer.Typer) -> None:
     app.command("plan-host-tier")(plan_host_tier_cmd)
     app.command("prefix-trace")(prefix_trace_cmd)
+    app.command("plan-adapters")(plan_adapters_cmd)

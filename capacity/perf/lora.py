@@ -25,7 +25,7 @@ step 10% slower. Each is a field of `LoraCost`, so a measured figure replaces it
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -99,6 +99,8 @@ class AdapterTiers:
         self.running: dict[str, int] = {}
         self.loads = 0  # from storage into the host cache
         self.evictions = 0  # out of the host cache
+        self.loads_by: Counter[str] = Counter()  # `loads`, per adapter
+        self.load_s_by: Counter[str] = Counter()  # seconds its loads and GPU-slot copies took, per adapter
 
     def can_run(self, name: str) -> bool:
         return place_adapter(name, tuple(self.gpu), self.running, self.cost.max_loras).fits
@@ -114,6 +116,7 @@ class AdapterTiers:
         if not host.resident:
             self.host[name] = None
             self.loads += 1
+            self.loads_by[name] += 1
             seconds += self.cost.storage_load_s
         self.host.move_to_end(name)
         gpu = place_adapter(name, tuple(self.gpu), self.running, self.cost.max_loras, overcommit=True)
@@ -124,6 +127,8 @@ class AdapterTiers:
             seconds += self.cost.host_load_s
         self.gpu.move_to_end(name)
         self.running[name] = self.running.get(name, 0) + 1
+        if seconds:
+            self.load_s_by[name] += seconds
         return seconds
 
     def release(self, name: str) -> None:

@@ -80,16 +80,16 @@ class FleetRun:
 
 
 def smallest_fleet(dep: Deployment, eng: EngineConfig, slo: SloSeconds, arrivals: Arrivals,
-                   first_guess: int) -> FleetRun:
-    """The fewest replicas (within MAX_FLEET_STEPS of `first_guess`) that meet the SLO on the
-    trace; the largest tried, marked not ok, when none does."""
+                   first_guess: int, steps: int = MAX_FLEET_STEPS, most: int | None = None) -> FleetRun:
+    """The fewest replicas (within `steps` of `first_guess`, and at most `most`) that meet the SLO
+    on the trace; the largest tried, marked not ok, when none does."""
     def run(n: int) -> FleetRun:
         s = simulate(SimCluster(dep, eng, n, slo), arrivals).summary
         return FleetRun(n, s, meets(s, slo))
 
     best = run(max(1, first_guess))
     if best.ok:
-        for _ in range(MAX_FLEET_STEPS):
+        for _ in range(steps):
             if best.replicas == 1:
                 break
             fewer = run(best.replicas - 1)
@@ -97,7 +97,9 @@ def smallest_fleet(dep: Deployment, eng: EngineConfig, slo: SloSeconds, arrivals
                 break
             best = fewer
         return best
-    for _ in range(MAX_FLEET_STEPS):
+    for _ in range(steps):
+        if most is not None and best.replicas >= most:
+            break
         best = run(best.replicas + 1)
         if best.ok:
             break

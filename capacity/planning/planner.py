@@ -29,6 +29,7 @@ from hbmserve.capacity.perf.hardware import GpuProfile
 from hbmserve.capacity.perf.model_shape import QUALITY_TRADEOFFS, ModelShape, weight_format
 from hbmserve.capacity.perf.perf_model import Deployment, StepCostModel, cost_model, memory_fit
 from hbmserve.capacity.perf.plan_analytic import EngineKnobs, Workload, capacity_rps, estimate
+from hbmserve.capacity.perf.scenario import Scenario
 from hbmserve.capacity.perf.slo_cap import batch_cap, chunk_step_s, knob_grid
 from hbmserve.capacity.perf.token_cost import token_costs
 from hbmserve.core.config import SloSeconds
@@ -164,18 +165,26 @@ def _violation(c: PlanCandidate, slo: SloSeconds) -> float:
     return max(c.ttft_p95_s / slo.ttft_s, c.tpot_p95_s / slo.tpot_s)
 
 
+def scenario_of(c: PlanCandidate, model: ModelShape, gpus: dict[str, GpuProfile], slo: SloSeconds,
+                space: SearchSpace) -> Scenario:
+    """The plan as the simulator runs it, with its whole fleet (EngineConfigError: it cannot run)."""
+    dep = Deployment(model, gpus[c.gpu], c.tp, c.pp, _quant(c), space.gpu_memory_utilization)
+    eng = EngineConfig(num_blocks=memory_fit(dep).kv_tokens // 16, max_num_seqs=c.max_num_seqs,
+                       max_num_batched_tokens=c.max_num_batched_tokens, max_model_len=c.max_model_len,
+                       enable_chunked_prefill=c.chunked_prefill)
+    return Scenario(dep, eng, c.replicas + c.warm_replicas, gpus[c.gpu].usd_per_gpu_hour, slo.ttft_s, slo.tpot_s)
+
+
 def confirm(c: PlanCandidate, model: ModelShape, gpus: dict[str, GpuProfile], arrivals: Arrivals,
             slo: SloSeconds, space: SearchSpace, lengths: Arrivals | None = None) -> PlanCandidate:
     """Measure one replica's capacity in the simulator (requests with the lengths of `lengths`,
     default `arrivals`), then find the smallest fleet that meets the SLO on `arrivals`."""
-    dep = Deployment(model, gpus[c.gpu], c.tp, c.pp, _quant(c), space.gpu_memory_utilization)
-    fit = memory_fit(dep)
     try:
-        eng = EngineConfig(num_blocks=fit.kv_tokens // 16, max_num_seqs=c.max_num_seqs,
-                           max_num_batched_tokens=c.max_num_batched_tokens, max_model_len=c.max_model_len,
-                           enable_chunked_prefill=c.chunked_prefill)
+        sc = scenario_of(c, model, gpus, slo, space)
     except EngineConfigError as err:
         return replace(c, status=MISSED, reason=f"simulated: {err}", source="simulated")
+    dep, eng = sc.deployment, sc.engine
+    fit = memory_fit(dep)
     cost, w = cost_model(dep), workload_of(arrivals)
     knobs = EngineKnobs(c.max_num_seqs, c.max_num_batched_tokens, c.chunked_prefill, fit.kv_tokens)
     analytic, _ = capacity_rps(cost, knobs, workload_of(lengths or arrivals), slo.ttft_s, slo.tpot_s,

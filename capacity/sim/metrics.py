@@ -35,6 +35,15 @@ class LatencyStats:
 
 
 @dataclass(frozen=True)
+class AdapterLoads:
+    """One LoRA adapter's loads over a run, all replicas together (capacity/perf/lora.py)."""
+
+    adapter: str
+    loads: int  # from storage into a replica's host cache
+    load_s: float  # engine seconds its loads and host -> GPU slot copies stalled a step
+
+
+@dataclass(frozen=True)
 class SimSummary:
     requests: int
     finished: int
@@ -61,6 +70,7 @@ class SimSummary:
     prefix_hit_tokens: int = 0  # of those, read from a prefix cache instead of computed
     host_hit_tokens: int = 0  # of those, loaded from a host-memory KV tier
     adapter_loads: int = 0  # LoRA adapters read from storage into a replica (capacity/perf/lora.py)
+    adapter_loads_by: tuple[AdapterLoads, ...] = ()  # per adapter loaded, most loads first
 
     @property
     def prefix_hit_rate(self) -> float | None:
@@ -141,7 +151,7 @@ def summarize(*, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, out
               preemptions: int, gpu_seconds: float, usd_per_gpu_hour: float, makespan_s: float,
               replica_seconds: float, peak_replicas: int, slo_ttft_s: float, slo_tpot_s: float,
               prompt_tokens: int = 0, prefix_hit_tokens: int = 0, host_hit_tokens: int = 0,
-              adapter_loads: int = 0) -> SimSummary:
+              adapter_loads: int = 0, adapter_loads_by: tuple[AdapterLoads, ...] = ()) -> SimSummary:
     ttft, tpot, e2e = request_latencies(arrival, first, finish, output)
     good = int(np.count_nonzero(meets_slo(ttft, tpot, slo_ttft_s, slo_tpot_s)))
     out_tokens = int(output.sum())
@@ -174,4 +184,5 @@ def summarize(*, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, out
         prefix_hit_tokens=prefix_hit_tokens,
         host_hit_tokens=host_hit_tokens,
         adapter_loads=adapter_loads,
+        adapter_loads_by=adapter_loads_by,
     )

@@ -3,12 +3,13 @@ series, the policy's decisions and per-replica statistics."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hbmserve.capacity.sim.metrics import (ReplicaStats, RequestTimes, SimResult, meets_slo, request_latencies,
-                                  summarize)
+from hbmserve.capacity.sim.metrics import (AdapterLoads, ReplicaStats, RequestTimes, SimResult, meets_slo,
+                                           request_latencies, summarize)
 
 if TYPE_CHECKING:
     from hbmserve.capacity.sim.cluster_sim import _Run
@@ -39,7 +40,8 @@ def result_of(run: _Run, end: float) -> SimResult:
         prompt_tokens=sum(r.engine.prompt_tokens for r in run.all),
         prefix_hit_tokens=sum(r.engine.prefix_hit_tokens for r in run.all),
         host_hit_tokens=sum(r.engine.host_hit_tokens for r in run.all),
-        adapter_loads=sum(r.engine.lora.loads for r in run.all if r.engine.lora))
+        adapter_loads=sum(r.engine.lora.loads for r in run.all if r.engine.lora),
+        adapter_loads_by=_adapter_loads(run))
     stats = tuple(ReplicaStats(r.rid, r.engine.steps, r.engine.busy_s, r.engine.tokens_processed,
                                r.engine.max_used_blocks, r.engine.cfg.num_blocks, r.engine.preemptions,
                                (r.removed if r.removed is not None else end) - r.created,
@@ -51,6 +53,17 @@ def result_of(run: _Run, end: float) -> SimResult:
     return SimResult(summary, _timeseries(run, series, arrival, first, finish), tuple(run.decisions),
                      stats, RequestTimes(arrival, first, finish, output), met, run.cancelled_starts,
                      run.migrated)
+
+
+def _adapter_loads(run: _Run) -> tuple[AdapterLoads, ...]:
+    loads: Counter[str] = Counter()
+    seconds: Counter[str] = Counter()
+    for r in run.all:
+        if r.engine.lora:
+            loads.update(r.engine.lora.loads_by)
+            seconds.update(r.engine.lora.load_s_by)
+    return tuple(sorted((AdapterLoads(a, loads[a], seconds[a]) for a in set(loads) | set(seconds)),
+                        key=lambda x: (-x.loads, x.adapter)))
 
 
 def _timeseries(run: _Run, series: np.ndarray, arrival: np.ndarray, first: np.ndarray,

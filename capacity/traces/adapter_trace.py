@@ -62,7 +62,19 @@ def adapter_arrivals(spec: AdapterTraceSpec = AdapterTraceSpec(), seed: int = 0)
     t = np.sort(rng.uniform(0.0, spec.duration_s, n))
     out = np.clip(np.rint(_lognormal(rng, spec.output_tokens, 0.6, n)), 1, spec.max_context_tokens // 2)
     prompt = np.clip(np.rint(_lognormal(rng, spec.prompt_tokens, 0.6, n)), 1, spec.max_context_tokens - out)
+    return Arrivals(t, prompt.astype(np.int64), out.astype(np.int64), adapters=_draw(rng, spec, n),
+                    adapter_names=spec.names)
+
+
+def _draw(rng: np.random.Generator, spec: AdapterTraceSpec, n: int) -> np.ndarray:
+    """The adapter of each of `n` requests by `spec`'s popularity (-1: the base model)."""
     which = rng.choice(spec.adapters, size=n, p=spec.popularity())
     which[rng.random(n) < spec.base_share] = -1
-    return Arrivals(t, prompt.astype(np.int64), out.astype(np.int64), adapters=which.astype(np.int64),
-                    adapter_names=spec.names)
+    return which.astype(np.int64)
+
+
+def with_adapters(arrivals: Arrivals, spec: AdapterTraceSpec = AdapterTraceSpec(), seed: int = 0) -> Arrivals:
+    """`arrivals` (a recorded trace's times and lengths) with the adapter of each request drawn by
+    `spec`'s popularity and base share; its rate, duration and lengths are not used."""
+    which = _draw(np.random.default_rng(seed), spec, len(arrivals))
+    return Arrivals(arrivals.t, arrivals.prompt, arrivals.output, arrivals.hashes, which, spec.names)

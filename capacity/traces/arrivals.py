@@ -72,14 +72,18 @@ class Arrivals:
         return float(counts.max()) / window_s
 
 
-def _finish(t: list[float], p: list[int], o: list[int], hs: list[tuple[int, ...]] | None, src: str) -> Arrivals:
+def _finish(t: list[float], p: list[int], o: list[int], hs: list[tuple[int, ...]] | None, src: str,
+            ads: list[str | None] | None = None) -> Arrivals:
     if not t:
         raise TraceError(f"trace {src} has no requests")
     ta = np.asarray(t, dtype=np.float64)
     order = np.argsort(ta, kind="stable")
     hashes = tuple(hs[i] for i in order) if hs is not None else None
+    names = tuple(dict.fromkeys(a for a in ads or () if a is not None))
+    index = {a: k for k, a in enumerate(names)}
+    which = np.asarray([index.get(a, -1) for a in ads], dtype=np.int64)[order] if names else None
     return Arrivals(ta[order] - ta[order][0], np.asarray(p, dtype=np.int64)[order],
-                    np.asarray(o, dtype=np.int64)[order], hashes)
+                    np.asarray(o, dtype=np.int64)[order], hashes, which, names)
 
 
 # The Azure LLM inference dataset's CSVs as published (AzurePublicDataset, 2023/2024):
@@ -126,12 +130,14 @@ def read_csv_trace(path: str | os.PathLike[str]) -> Arrivals:
 
 def read_jsonl_trace(path: str | os.PathLike[str]) -> Arrivals:
     """JSONL, one object per line: timestamp (ms, Mooncake) or arrived_at (s), input_length,
-    output_length, optional hash_ids."""
+    output_length, optional hash_ids, optional adapter (the LoRA adapter it names; absent or null:
+    the base model)."""
     p = Path(path)
     t: list[float] = []
     pr: list[int] = []
     out: list[int] = []
     hs: list[tuple[int, ...]] = []
+    ads: list[str | None] = []
     any_hash = False
     with p.open() as f:
         for line, raw in enumerate(f, start=1):
@@ -143,22 +149,29 @@ def read_jsonl_trace(path: str | os.PathLike[str]) -> Arrivals:
                 pr.append(int(obj["input_length"]))
                 out.append(int(obj["output_length"]))
                 h = tuple(int(x) for x in obj.get("hash_ids") or ())
+                adapter = obj.get("adapter")
+                if adapter is not None and not (isinstance(adapter, str) and adapter):
+                    raise ValueError(f"adapter must be a name or null, not {adapter!r}")
             except (KeyError, TypeError, ValueError, json.JSONDecodeError) as err:
                 raise TraceError(f"trace {p} line {line}: {type(err).__name__}: {err}") from None
             t.append(ts)
             any_hash = any_hash or bool(h)
             hs.append(h)
-    return _finish(t, pr, out, hs if any_hash else None, str(p))
+            ads.append(adapter)
+    return _finish(t, pr, out, hs if any_hash else None, str(p), ads)
 
 
 def write_jsonl_trace(arrivals: Arrivals, path: str | os.PathLike[str]) -> None:
     """`arrivals` as `read_jsonl_trace` reads them: arrived_at (s), input_length, output_length,
-    and hash_ids where the trace has them."""
+    and hash_ids and adapter where the trace has them."""
     hashes = arrivals.hashes or ((),) * len(arrivals)
     with Path(path).open("w") as f:
-        for t, p, o, h in zip(arrivals.t.tolist(), arrivals.prompt.tolist(), arrivals.output.tolist(), hashes):
+        for i, (t, p, o, h) in enumerate(zip(arrivals.t.tolist(), arrivals.prompt.tolist(),
+                                             arrivals.output.tolist(), hashes)):
+            a = arrivals.adapter_of(i)
             f.write(json.dumps({"arrived_at": round(t, 6), "input_length": p, "output_length": o,
-                                **({"hash_ids": list(h)} if arrivals.hashes is not None else {})}) + "\n")
+                                **({"hash_ids": list(h)} if arrivals.hashes is not None else {}),
+                                **({"adapter": a} if a is not None else {})}) + "\n")
 
 
 def read_trace(path: str | os.PathLike[str]) -> Arrivals:

@@ -40,6 +40,9 @@ def test_tiers_count_loads_and_keep_busy_adapters():
     t.release("a")
     t.acquire("c")
     assert t.loads == 3 and t.evictions == 1 and "b" not in t.host
+    # Per adapter: a loaded once from storage, then copied back into the GPU slot once more.
+    assert t.loads_by == {"a": 1, "b": 1, "c": 1}
+    assert t.load_s_by["a"] == pytest.approx(1.1 + 0.1) and t.load_s_by["c"] == pytest.approx(1.1)
 
 
 def test_one_slot_runs_two_adapters_one_after_the_other_and_the_base_model_alongside():

@@ -112,4 +112,7 @@ def test_adapter_aware_routing_loads_fewer_adapters_and_cuts_ttft_p95_on_zipf_tr
                      stats_interval_s=0.1).summary
     assert aware.finished == blind.finished == len(arr)
     assert aware.adapter_loads < 0.25 * blind.adapter_loads
+    for s in (aware, blind):  # per adapter, summed over replicas, most loads first
+        assert sum(a.loads for a in s.adapter_loads_by) == s.adapter_loads
+        assert [a.loads for a in s.adapter_loads_by] == sorted((a.loads for a in s.adapter_loads_by), reverse=True)
     assert aware.ttft.p95 < blind.ttft.p95

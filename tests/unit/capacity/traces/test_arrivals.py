@@ -98,3 +98,30 @@ def test_an_adapter_trace_is_zipf_and_survives_windows_and_clipping():
     i = int(np.searchsorted(a.t, 10))
     assert w.adapter_of(0) == a.adapter_of(i) and w.adapter_names == spec.names
     assert {a.adapter_of(j) for j in range(len(a))} <= {None, *spec.names}
+
+
+def test_a_jsonl_trace_names_each_requests_adapter_and_writes_it_back(tmp_path):
+    from hbmserve.capacity.traces.adapter_trace import AdapterTraceSpec, adapter_arrivals, with_adapters
+    from hbmserve.capacity.traces.arrivals import write_jsonl_trace
+
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in (
+        {"arrived_at": 2.0, "input_length": 30, "output_length": 3, "adapter": "sql"},
+        {"arrived_at": 1.0, "input_length": 10, "output_length": 1, "adapter": "legal"},
+        {"arrived_at": 1.5, "input_length": 20, "output_length": 2, "adapter": None},
+        {"arrived_at": 3.0, "input_length": 40, "output_length": 4, "adapter": "legal"})))
+    a = read_trace(p)  # sorted by time; names in order of first appearance in the file
+    assert a.adapter_names == ("sql", "legal") and a.adapters.tolist() == [1, -1, 0, 1]
+    assert [a.adapter_of(i) for i in range(4)] == ["legal", None, "sql", "legal"]
+    assert a.prompt.tolist() == [10, 20, 30, 40]
+    spec = AdapterTraceSpec(adapters=5, rate_rps=20, duration_s=30)
+    b = adapter_arrivals(spec, seed=1)
+    write_jsonl_trace(b, tmp_path / "b.jsonl")
+    back = read_trace(tmp_path / "b.jsonl")
+    assert [back.adapter_of(i) for i in range(len(b))] == [b.adapter_of(i) for i in range(len(b))]
+    drawn = with_adapters(gamma_arrivals(50, 100, seed=2), spec, seed=3)
+    counts = np.bincount(drawn.adapters, minlength=5)
+    assert drawn.adapter_names == spec.names and counts[0] > counts[1] > counts[4], "Zipf 1: rank 0 the most"
+    p.write_text(json.dumps({"arrived_at": 0.0, "input_length": 1, "output_length": 1, "adapter": 7}) + "\n")
+    with pytest.raises(TraceError, match="line 1: .*adapter must be a name or null"):
+        read_trace(p)
