@@ -5,12 +5,14 @@ loads /hbm/dashboard from a running test cluster under load and checks what it s
 The cluster: one Ray raylet shaped like a 4-GPU node with two NVLink pairs (fake GPUs and the
 bootstrap labels, as tests/integration/placement_cluster.py does per node), real Serve, two
 simulated models: `sim-placed` (TP=2, two replicas the planner puts on the two NVLink pairs and
-each verifies) and `sim-auto` (autoscaled 1..2, pushed to scale up by the load). Auth is on: the
+each verifies, with a LoRA adapter `placed-sql`) and `sim-auto` (autoscaled 1..2, pushed to
+scale up by the load). Auth is on: the
 page loads without a credential, the test types the admin token into it as an operator would.
 
 Checks: every chart has drawn data; the decision log and the "autoscaler now" line show the
 policy's current plan (target, active replicas) as status reports it; the placement map puts
-each planned replica's ranks on the GPUs, with the verdict, that status reports. A screenshot is
+each planned replica's ranks on the GPUs, with the verdict, that status reports; the adapters
+table shows the adapter's requests and its load. A screenshot is
 saved under pytest's tmp dir (its path is printed).
 
 Browser: /usr/bin/chromium (`make system-deps`); Playwright never downloads one here.
@@ -62,7 +64,8 @@ def _spec(d: Path):
                   "auth": {"keys_file": str(d / "keys.yaml"), "admin_token_file": str(d / "admin-token")}},
         "models": [
             {"name": "sim-placed", "source": "sim", "engine": "sim", "replicas": 2, "parallelism": {"tp": 2},
-             "sim": {**SIM, "reserve_gpus": True}, "engine_settings": {"max_model_len": 2048, "max_num_seqs": 8}},
+             "sim": {**SIM, "reserve_gpus": True}, "engine_settings": {"max_model_len": 2048, "max_num_seqs": 8},
+             "adapters": [{"name": "placed-sql", "source": "/adapters/sql"}]},
             {"name": "sim-auto", "source": "sim", "engine": "sim", "sim": SIM,
              "engine_settings": {"max_model_len": 2048, "max_num_seqs": 2, "enable_prefix_caching": True},
              "slo": {"ttft_p95_ms": 2000, "tpot_p95_ms": 50},
@@ -115,7 +118,7 @@ def _load(url: str, stop: threading.Event) -> None:
                     if r.status_code == 429:
                         time.sleep(0.2)
 
-    threads = [threading.Thread(target=one, args=(m,), daemon=True) for m in ["sim-auto"] * 6 + ["sim-placed"] * 2]
+    threads = [threading.Thread(target=one, args=(m,), daemon=True) for m in ["sim-auto"] * 6 + ["sim-placed", "placed-sql"]]
     for t in threads:
         t.start()
 
@@ -216,6 +219,8 @@ def test_the_dashboard_shows_live_charts_the_decision_log_and_the_placement_map(
                                               [[s.old_replicas, s.new_replicas] for s in rollout.steps]]}
     # The door's KV index: only the model with prefix caching publishes events, and it holds blocks.
     assert set(dom["kv"]) == {"sim-auto"} and dom["kv"]["sim-auto"] > 0, dom["kv"]
+    # The placed model's adapter: requests through this door, and the load that registered it.
+    assert set(dom["adapters"]) == {"placed-sql"} and all(n >= 1 for n in dom["adapters"]["placed-sql"]), dom["adapters"]
     assert time.monotonic() - t0 < 75
 
 
@@ -254,9 +259,13 @@ def _dom(page) -> dict:
                 [...r.querySelectorAll('tbody tr')].map((t) => [Number(t.dataset.old), Number(t.dataset.new)])];
         const kv = {};
         for (const r of document.querySelectorAll('#kv tbody tr')) kv[r.dataset.model] = Number(r.dataset.hbmBlocks);
-        return {current, log, cells, roles, rollouts, kv};
+        const adapters = {};
+        for (const r of document.querySelectorAll('#adapters tbody tr'))
+            adapters[r.dataset.adapter] = [Number(r.dataset.requests), Number(r.dataset.loads)];
+        return {current, log, cells, roles, rollouts, kv, adapters};
     }""")
     return {"current": {m: (t, set(a)) for m, (t, a) in raw["current"].items()},
             "log": {m: [tuple(e) for e in entries] for m, entries in raw["log"].items()},
             "cells": {(n, g): (rank, plan, ok) for n, g, rank, plan, ok in raw["cells"]},
-            "roles": {m: sorted(r) for m, r in raw["roles"].items()}, "rollouts": raw["rollouts"], "kv": raw["kv"]}
+            "roles": {m: sorted(r) for m, r in raw["roles"].items()}, "rollouts": raw["rollouts"], "kv": raw["kv"],
+            "adapters": raw["adapters"]}
