@@ -184,6 +184,7 @@ class EngineCore:
         # Cached prefixes are not re-matched after a preemption: the victim recomputes (or swaps in)
         # its whole context as its own blocks.
         victim.hashes, victim.hashed_tokens, victim.own_blocks = (), 0, 0
+        victim.preloaded = 0  # its transferred KV is gone with its blocks: recomputed here
         if not victim.swapped_tokens:
             victim.computed, victim.target = 0, victim.prompt + victim.generated
         self.waiting.appendleft(victim)
@@ -305,8 +306,9 @@ class EngineCore:
         hits = self.cache.match(hs) if hs else 0
         loaded = self.cache.host_run(hs, hits) if hs else 0
         hashed = len(hs) * self.cfg.hash_block_tokens
-        computed = min((hits + loaded) * self.cfg.hash_block_tokens, r.target - 1)
-        from_host = max(0, computed - hits * self.cfg.hash_block_tokens)
+        computed = min(max((hits + loaded) * self.cfg.hash_block_tokens, r.preloaded), r.target - 1)
+        from_host = max(0, min(computed, loaded * self.cfg.hash_block_tokens + hits * self.cfg.hash_block_tokens)
+                        - hits * self.cfg.hash_block_tokens)
         c = min(r.target - computed, budget)
         if whole and c < r.target - computed:
             return False
@@ -319,7 +321,7 @@ class EngineCore:
             self.cache.acquire(hs)
             r.held = hs
         r.hashed_tokens, r.computed = hashed, computed
-        self.prefix_hit_tokens += computed
+        self.prefix_hit_tokens += min(computed, (hits + loaded) * self.cfg.hash_block_tokens)
         self.host_hit_tokens += from_host
         self._host_load_tokens += from_host
         self._ensure_free(own)

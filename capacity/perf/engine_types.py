@@ -54,7 +54,7 @@ class SimRequest:
 
     __slots__ = ("rid", "arrival", "prompt", "max_tokens", "hashes", "hashed_tokens", "computed",
                  "target", "own_blocks", "generated", "o", "c", "d", "finish_g", "admit_seq",
-                 "first_token_t", "finish_t", "preemptions", "swapped_tokens", "held", "adapter")
+                 "first_token_t", "finish_t", "preemptions", "swapped_tokens", "held", "adapter", "preloaded")
 
     def __init__(self, rid: int, arrival: float, prompt: int, max_tokens: int,
                  hashes: tuple[int, ...] = (), adapter: str | None = None) -> None:
@@ -72,6 +72,9 @@ class SimRequest:
         self.swapped_tokens = 0
         self.held: tuple[int, ...] = ()
         self.adapter = adapter  # the LoRA adapter it runs with; None: the base model
+        # Prompt tokens whose KV arrived from a prefill replica (disaggregated serving): the
+        # engine computes only the last prompt token, for its logits, as vLLM's connectors do.
+        self.preloaded = 0
 
 
 @dataclass

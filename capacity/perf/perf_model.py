@@ -209,3 +209,23 @@ def cost_model(dep: Deployment) -> StepCostModel:
         tp_link=tp_link(g, dep.tp, dep.nvlink),
         pp_link=pp_link(g, dep.tp, dep.pp),
     )
+
+
+# The paths a prompt's KV can take from a prefill replica to a decode replica (issue 23): NVLink
+# within a node, the inter-node fabric (InfiniBand), or through host memory (the CPU connector,
+# and any GPU pair without a direct path: device -> host -> device, two PCIe copies).
+KV_LINKS = ("nvlink", "infiniband", "host")
+
+
+def kv_transfer_s(prefill: Deployment, decode: Deployment, tokens: int, link: str) -> float:
+    """Seconds to move `tokens` of KV from a prefill replica to a decode replica over `link`:
+    layers x KV heads x head dim x tokens x dtype bytes (x2, K and V), sent by the TP ranks in
+    parallel pairs (min of the two pools' TP), one NIC or link each, from the hardware catalog."""
+    if link not in KV_LINKS:
+        raise ValueError(f"link must be one of {', '.join(KV_LINKS)}, not {link!r}")
+    gpu = prefill.gpu
+    path = {"nvlink": gpu.intra_node, "infiniband": gpu.inter_node, "host": gpu.host_link}[link]
+    copies = 2 if link == "host" else 1
+    lanes = min(prefill.tp * prefill.pp, decode.tp * decode.pp)
+    size = tokens * prefill.model.kv_bytes_per_token
+    return copies * (path.latency_s + size / (path.bw_bytes_s * lanes))
