@@ -146,3 +146,49 @@ async def relay(session, url: str, method: str, headers: dict[str, str], body: b
 async def end_broken(send, tap: UsageTap, is_sse: bool, message: str) -> None:
     """End a response whose reply broke: what the tap still holds, then an SSE error event."""
     await send({"type": "http.response.body", "body": tap.finish() + (sse_error_event(message) if is_sse else b"")})
+
+
+# ---- prefill/decode disaggregation: the prefill phase (issue 23) ----
+# The door runs a disaggregated model's request in two phases, as vLLM's connectors expect: the
+# prompt alone on a prefill replica (max_tokens 1, not streamed, asking it to keep the KV for a
+# remote decode), then the whole request on a decode replica with the `kv_transfer_params` the
+# prefill's reply named; the decode replica loads the prompt's KV through its connector and
+# computes only the last prompt token. The client sees only the decode phase's reply.
+PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                  "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+
+class PrefillFailed(NotStarted):
+    """The prefill replica failed or refused: retry the prefill elsewhere, or run aggregated."""
+
+
+def prefill_body(body: dict) -> bytes:
+    """The request a prefill replica runs: the client's, one token, no stream, KV kept."""
+    return json.dumps({**body, "max_tokens": 1, "max_completion_tokens": None, "stream": False,
+                       "stream_options": None, "n": 1, "kv_transfer_params": PREFILL_PARAMS}).encode()
+
+
+def decode_body(body: dict, params: dict | None) -> bytes:
+    """The client's request for the decode replica, with the prefill's hand-off (None: the
+    connector finds the KV by the prompt itself, as vLLM's shared-storage connector does)."""
+    return json.dumps({**body, "kv_transfer_params": params} if params else body).encode()
+
+
+async def prefill(session, url: str, headers: dict[str, str], body: dict, timeout_s: float) -> dict | None:
+    """Run the prompt on the prefill replica at `url`; the `kv_transfer_params` its reply names.
+    Raises PrefillFailed when it fails or answers anything but 200."""
+    import aiohttp
+
+    try:
+        async with session.post(url, data=prefill_body(body), headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise PrefillFailed(f"prefill answered {resp.status}: {raw[:200]!r}")
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+        raise PrefillFailed(f"prefill failed: {type(err).__name__} {err}") from None
+    try:
+        params = json.loads(raw).get("kv_transfer_params")
+    except (ValueError, AttributeError):
+        raise PrefillFailed("prefill's reply is not a JSON object") from None
+    return params if isinstance(params, dict) else None

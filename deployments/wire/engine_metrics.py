@@ -41,13 +41,21 @@ ENGINE_FAMILIES: dict[str, str] = {
     "vllm:prefix_cache_queries": "hbmserve_prefix_cache_queries",
     "vllm:prefix_cache_hits": "hbmserve_prefix_cache_hits",
 }
+# Families only an engine with a KV connector has: prompt tokens looked up through the connector
+# and loaded from it; on a decode replica of a disaggregated model, the KV that came from the
+# prefill replicas (issue 23). Exported where they exist; the simulated engine has none.
+CONNECTOR_FAMILIES: dict[str, str] = {
+    "vllm:external_prefix_cache_queries": "hbmserve_external_prefix_cache_queries",
+    "vllm:external_prefix_cache_hits": "hbmserve_external_prefix_cache_hits",
+}
+EXPORTED = ENGINE_FAMILIES | CONNECTOR_FAMILIES
 TTFT = "vllm:time_to_first_token_seconds"
 TPOT = "vllm:request_time_per_output_token_seconds"
 
 
 def engine_families(collected: Iterable[Metric]) -> list[Metric]:
-    """The families of ENGINE_FAMILIES among a registry's (vLLM's REGISTRY.collect())."""
-    return [m for m in collected if m.name in ENGINE_FAMILIES]
+    """The families of ENGINE_FAMILIES (and CONNECTOR_FAMILIES) among a registry's (vLLM's REGISTRY.collect())."""
+    return [m for m in collected if m.name in EXPORTED]
 
 
 class _Families:
@@ -68,14 +76,14 @@ def exposition(families: list[Metric]) -> bytes:
 def parse_engine_text(text: str) -> list[Metric]:
     """A replica's /hbm/metrics reply back into families: only ENGINE_FAMILIES, without the
     `_created` samples (a start time, not a measurement)."""
-    return [m for m in text_string_to_metric_families(text) if m.name in ENGINE_FAMILIES]
+    return [m for m in text_string_to_metric_families(text) if m.name in EXPORTED]
 
 
 def relabel(families: Iterable[Metric], model: str, replica: str) -> list[Metric]:
     """Each family under its hbmserve name, `model_name` replaced by `model`, with `replica`."""
     out = []
     for family in families:
-        new = ENGINE_FAMILIES[family.name]
+        new = EXPORTED[family.name]
         renamed = Metric(new, family.documentation, family.type)
         for s in family.samples:
             if s.name.endswith("_created"):
