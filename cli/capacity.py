@@ -268,10 +268,12 @@ def plan_cmd(
     force: Annotated[bool, typer.Option("--force", help="replace an existing --emit-config file")] = False,
     adapters: Annotated[Optional[int], typer.Option("--adapters", help="LoRA adapters served: size their slots on "
                                                     "the first plan (as plan-adapters does)")] = None,
+    disagg: Annotated[bool, typer.Option("--disagg", help="also weigh the first plan's layout split into prefill "
+                                         "and decode pools (as plan-disagg does)")] = False,
 ) -> None:
     """Search GPU x TP x PP x quantisation x engine knobs x replicas for the cheapest plan meeting the SLO."""
     from hbmserve.cli import plan_emit
-    from hbmserve.cli.tier_plan import plan_note
+    from hbmserve.cli.tier_plan import disagg_note, plan_note
     from hbmserve.core.config import SloSeconds
     from hbmserve.capacity.perf.hardware import load_catalog
     from hbmserve.capacity.perf.model_shape import load_model_shape
@@ -322,6 +324,8 @@ def plan_cmd(
             typer.echo(f"frontier written to {plot}")
     if adapters and result.feasible:
         plan_note(result.plans[0], shape, cat, sim_arr, adapters, space, slo, json_out)
+    if disagg and result.feasible:
+        disagg_note(result.plans[0], shape, cat, sim_arr, space, slo, json_out)
     if not result.feasible:
         if not json_out:
             typer.echo("no confirmed plan meets the SLO; the first row is the closest", err=True)

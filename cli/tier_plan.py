@@ -4,7 +4,10 @@ host_tier.py), `hbmserve prefix-trace` (prefix-heavy traces with hash_ids to pla
 and `hbmserve plan-adapters` (a model's LoRA slots on adapter traffic, capacity/planning/
 adapter_plan.py: per (GPU slots, host slots) the fewest replicas meeting the SLO and their $ per
 million tokens, the pick and why, and what each adapter costs; `hbmserve plan --adapters N` prints
-the same figures from one quick evaluation on the first plan's layout, `plan_note`)."""
+the same figures from one quick evaluation on the first plan's layout, `plan_note`) and
+`hbmserve plan-disagg` (one fleet or a prefill pool and a decode pool, capacity/planning/
+disagg_plan.py: each layout's cheapest size meeting the SLO, ranked by $ per million tokens, the
+pick and why, and with --plot the break-even prompt length)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,10 @@ from hbmserve.cli.user_errors import fail, user_errors
 # plan-adapters: requests simulated per slot candidate (about 20 candidates, a few runs each,
 # stay well under a minute).
 MAX_REQUESTS = 3000
+# plan-disagg --plot: the knob's values, and the seconds of traffic the plan runs on at each.
+SWEEP_PROMPTS = (500, 1000, 2000, 4000, 8000)
+SWEEP_TPOT_MS = (10, 15, 20, 25, 30, 40)
+SWEEP_SECONDS = 120.0
 
 
 def plan_host_tier_cmd(
@@ -153,13 +160,13 @@ def plan_adapters_cmd(
     _print_slots(title, plan)
 
 
-def _slots(text: str) -> tuple[int, ...]:
+def _slots(text: str, option: str = "--gpu-slots") -> tuple[int, ...]:
     try:
         slots = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise fail(f"--gpu-slots: not a comma-separated list of whole numbers: {text!r}") from None
+        raise fail(f"{option}: not a comma-separated list of whole numbers: {text!r}") from None
     if min(slots) < 1:
-        raise fail(f"--gpu-slots: each must be >= 1: {text!r}")
+        raise fail(f"{option}: each must be >= 1: {text!r}")
     return slots
 
 
@@ -255,7 +262,142 @@ def plan_note(first: Any, shape: Any, gpus: dict, arrivals: Any, adapters: int, 
                f"your adapters' own traffic: hbmserve plan-adapters --config C --adapters {adapters}", err=to_stderr)
 
 
+def plan_disagg_cmd(
+    model: Annotated[str, typer.Option("--model", help="config.json path or shipped shape name")],
+    slo_ttft_p95: Annotated[float, typer.Option("--slo-ttft-p95", help="seconds")],
+    slo_tpot_p95: Annotated[float, typer.Option("--slo-tpot-p95", help="seconds")],
+    gpu: Annotated[str, typer.Option("--gpu", help="catalog GPU (a unique prefix will do)")] = "h100",
+    tp: Annotated[int, typer.Option("--tp", help="tensor parallelism of a replica")] = 4,
+    pool_tps: Annotated[Optional[str], typer.Option("--pool-tps", help="TPs to search per pool and fleet, "
+                                                    "comma-separated (default: --tp and twice it, or half)")] = None,
+    rate: Annotated[Optional[float], typer.Option("--rate", help="mean requests/s (gamma arrivals, CV 1)")] = None,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="CSV or JSONL trace instead of --rate")] = None,
+    duration: Annotated[float, typer.Option("--duration", help="seconds of synthetic traffic")] = 300.0,
+    prompt_tokens: Annotated[float, typer.Option("--prompt-tokens", help="mean prompt (lognormal, CV 0.5)")] = 1000.0,
+    output_tokens: Annotated[float, typer.Option("--output-tokens", help="mean output")] = 200.0,
+    link: Annotated[str, typer.Option("--link", help="the KV's path between the pools: auto (NVLink within a "
+                                      "node, else InfiniBand), nvlink, infiniband or host")] = "auto",
+    max_gpus: Annotated[int, typer.Option("--max-gpus", help="the most GPUs a layout may use")] = 16,
+    price: Annotated[Optional[float], typer.Option("--usd-per-gpu-hour", help="default: the catalog's")] = None,
+    catalog: Annotated[Optional[Path], typer.Option("--catalog", help="hardware catalog YAML")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="write the break-even plot (PNG): the plan again "
+                                                 "as --sweep moves (minutes)")] = None,
+    sweep: Annotated[str, typer.Option("--sweep", help=f"the plot's knob: prompt (mean prompts of "
+                                       f"{', '.join(map(str, SWEEP_PROMPTS))} tokens at the trace's tokens/s) or tpot "
+                                       f"(TPOT targets of {', '.join(map(str, SWEEP_TPOT_MS))} ms)")] = "prompt",
+    sweep_seconds: Annotated[float, typer.Option("--sweep-seconds", help="seconds of traffic the plot's plans run "
+                                                 "on (tpot: the trace's first)")] = SWEEP_SECONDS,
+) -> None:
+    """Aggregated or prefill/decode split: each layout's cheapest size meeting the SLO, by $/Mtok, and why."""
+    from hbmserve.capacity.perf.hardware import load_catalog
+    from hbmserve.capacity.perf.model_shape import load_model_shape
+    from hbmserve.capacity.perf.perf_model import Deployment
+    from hbmserve.capacity.perf.scenario import resolve_gpu_name
+    from hbmserve.capacity.planning.disagg_plan import LINKS, plan_disagg
+    from hbmserve.cli.capacity import arrivals_for
+    from hbmserve.core.config import SloSeconds
+
+    if (rate is None) == (trace is None):
+        raise fail("give exactly one of --rate RPS or --trace FILE")
+    checks = {"--slo-ttft-p95": slo_ttft_p95, "--slo-tpot-p95": slo_tpot_p95, "--prompt-tokens": prompt_tokens,
+              "--output-tokens": output_tokens, "--tp": tp, "--max-gpus": max_gpus}
+    for name, v in checks.items():
+        if v <= 0:
+            raise fail(f"{name}: must be > 0, not {v:g}")
+    if link not in LINKS:
+        raise fail(f"--link {link!r}: one of {', '.join(LINKS)}")
+    if sweep not in ("prompt", "tpot") or sweep_seconds <= 0:
+        raise fail(f"--sweep {sweep!r}: prompt or tpot" if sweep_seconds > 0 else "--sweep-seconds: must be > 0")
+    tps = _slots(pool_tps, "--pool-tps") if pool_tps else None
+    if max_gpus < min(tps or (tp,)):
+        raise fail(f"--max-gpus {max_gpus}: below one replica's {min(tps or (tp,))} GPUs")
+    try:
+        cat = load_catalog(catalog)
+        try:
+            g = cat[resolve_gpu_name(gpu, cat)]
+        except ValueError as err:
+            raise fail(f"--gpu: {err}") from None
+        dep = Deployment(load_model_shape(model), g, tp)
+        arr = arrivals_for(trace, rate, duration, prompt_tokens, output_tokens, 1.0, seed, 1.0)
+        slo = SloSeconds(slo_ttft_p95, slo_tpot_p95)
+        plan = plan_disagg(dep, arr, slo, max_gpus, link, tps, usd_per_gpu_hour=price)
+    except user_errors() as err:
+        raise fail(str(err)) from None
+    except ValueError as err:
+        where = "--tp/--pool-tps: " if str(err).startswith("TP") else ""
+        raise fail(f"{where}{dep.model.name} on {g.name}: {err}") from None
+    title = f"{dep.model.name} on {g.name}: {len(arr):,} requests over {arr.duration_s:.0f} s, at most {max_gpus} GPUs"
+    if plot is not None:
+        _plot_break_even(plot, sweep, sweep_seconds, dep, arr, slo,
+                         dict(max_gpus=max_gpus, link=link, tps=tps, usd_per_gpu_hour=price), seed)
+    if json_out:
+        print(json.dumps({"model": dep.model.name, "gpu": g.name, "requests": len(arr), "best": _option(plan.best),
+                          "reason": plan.reason, "options": [_option(o) for o in plan.options],
+                          "simulations": len(plan.tried)}))
+        return
+    _print_disagg(title, plan, slo)
+    if plot is not None:
+        typer.echo(f"break-even plot written to {plot}")
+
+
+def _plot_break_even(path: Path, knob: str, seconds: float, dep: Any, arr: Any, slo: Any, plan_kw: dict,
+                     seed: int) -> None:
+    from hbmserve.capacity.planning.break_even import break_even, plot_break_even
+
+    values = SWEEP_PROMPTS if knob == "prompt" else tuple(ms / 1e3 for ms in SWEEP_TPOT_MS)
+    be = break_even(dep, arr, slo, knob, values, seconds, seed, **plan_kw)
+    where = (f"{seconds:g} s of traffic at each prompt length, TPOT p95 <= {slo.tpot_s * 1e3:g} ms" if knob == "prompt"
+             else f"the trace's first {seconds:g} s ({arr.prompt.mean():,.0f} prompt tokens)")
+    plot_break_even(be, path, f"{dep.model.name} on {dep.gpu.name}, at most {plan_kw['max_gpus']} GPUs\n{where}, "
+                              f"TTFT p95 <= {slo.ttft_s:g} s, {arr.output.mean():.0f} output tokens (simulated)")
+
+
+def _option(o: Any) -> dict[str, Any]:
+    return {**dataclasses.asdict(o), "layout": o.layout}
+
+
+def _print_disagg(title: str, plan: Any, slo: Any) -> None:
+    from rich.table import Table
+
+    from hbmserve.cli.capacity import wide_console
+
+    c = wide_console()
+    t = Table("layout", "GPUs", "SLO met", "TTFT p95 s", "TPOT p95 ms", "SLO attained", "goodput rps", "$/Mtok",
+              title=f"{title}: aggregated and split layouts, each at its cheapest size meeting the SLO")
+    for o in plan.options:
+        mark = "[bold]" if o is plan.best else ""
+        t.add_row(f"{mark}{o.layout}" + (f" [dim]({o.note})[/]" if o.note else ""), str(o.gpus),
+                  "yes" if o.meets_slo else "no", _f(o.ttft_p95_s, ".2f"), _f(o.tpot_p95_s and o.tpot_p95_s * 1e3, ".1f"),
+                  f"{o.slo_attainment:.1%}", f"{o.goodput_rps:.2f}", _f(o.usd_per_mtok, ".3f"))
+    c.print(t)
+    c.print(f"[bold]{plan.best.kind}[/]: {plan.reason}", highlight=False, soft_wrap=True)
+    c.print(f"SLO: TTFT p95 <= {slo.ttft_s:g} s, TPOT p95 <= {slo.tpot_s * 1e3:g} ms; {len(plan.tried)} simulations. "
+            "Simulator predictions: $ per million tokens counts input and output.", style="dim")
+
+
+def disagg_note(first: Any, shape: Any, gpus: dict, arrivals: Any, space: Any, slo: Any, to_stderr: bool) -> None:
+    """`hbmserve plan --disagg`: the first plan's GPU and TP, aggregated or split on the plan's own
+    traffic (its first MAX_REQUESTS requests), up to twice the plan's GPUs, in a few lines."""
+    from hbmserve.capacity.planning.disagg_plan import plan_disagg
+    from hbmserve.capacity.planning.planner import scenario_of
+
+    dep = scenario_of(first, shape, gpus, slo, space).deployment
+    fleet = (first.replicas + first.warm_replicas) * dep.num_gpus
+    arr = _first(arrivals)
+    try:
+        plan = plan_disagg(dep, arr, slo, max(16, 2 * fleet))
+    except ValueError as err:
+        typer.echo(f"aggregated or split: not compared on {first.layout}: {err}", err=to_stderr)
+        return
+    typer.echo(f"Aggregated or split on {first.layout} ({len(arr):,} requests simulated, up to {max(16, 2 * fleet)} "
+               f"GPUs): {plan.best.kind} wins. {plan.reason}. The whole table: hbmserve plan-disagg --model "
+               f"{shape.name} --gpu {dep.gpu.name} --tp {dep.tp} ...", err=to_stderr)
+
+
 def register(app: typer.Typer) -> None:
     app.command("plan-host-tier")(plan_host_tier_cmd)
     app.command("prefix-trace")(prefix_trace_cmd)
     app.command("plan-adapters")(plan_adapters_cmd)
+    app.command("plan-disagg")(plan_disagg_cmd)

@@ -44,7 +44,8 @@ __all__ = ["AUTOSCALING_KEYS", "PlanCandidate", "PlanResult", "SearchSpace", "co
 Progress = Callable[[int, int, str], None]
 
 
-def _max_model_len(model: ModelShape, w: Workload) -> int:
+def max_model_len_for(model: ModelShape, w: Workload) -> int:
+    """The smallest power of two (>= 512) that holds the workload's longest request, within the model's."""
     return int(min(model.max_position_embeddings, 1 << max(9, math.ceil(math.log2(max(2, w.max_len))))))
 
 
@@ -211,7 +212,7 @@ def plan(model: ModelShape, gpus: Sequence[GpuProfile], arrivals: Arrivals, slo:
          space: SearchSpace = SearchSpace(), confirm_top: int = 5, sim_arrivals: Arrivals | None = None,
          progress: Progress | None = None) -> PlanResult:
     w = workload_of(arrivals)
-    mml = _max_model_len(model, w)
+    mml = max_model_len_for(model, w)
     layouts = list(_layouts(gpus, model, space))
     total = len(layouts) + confirm_top
     out: list[PlanCandidate] = []

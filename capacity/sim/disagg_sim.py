@@ -60,6 +60,8 @@ class DisaggResult:
     summary: SimSummary
     transfer_s: float  # mean KV transfer per request
     transferred_tokens: int
+    prefill_busy: float = 0.0  # the share of the prefill pool's replica time spent in steps
+    decode_busy: float = 0.0
 
 
 class _Engine:
@@ -164,4 +166,5 @@ def simulate_disagg(spec: DisaggCluster, arrivals: Arrivals, router: Router = ch
         slo_tpot_s=spec.slo.tpot_s, prompt_tokens=sum(e.core.prompt_tokens for e in pools["p"]),
         prefix_hit_tokens=sum(e.core.prefix_hit_tokens for e in pools["p"]))
     served = max(1, int(np.count_nonzero(ok)))
-    return DisaggResult(summary, transfer_total / served, transferred)
+    busy = [sum(e.core.busy_s for e in pools[k]) / (span * len(pools[k])) for k in ("p", "d")]
+    return DisaggResult(summary, transfer_total / served, transferred, *busy)
