@@ -1,14 +1,14 @@
 """Where splitting starts to pay (issue 23): the aggregated-or-split plan (disagg_plan.py) run again
-as one knob sweeps, the rest of the workload held, and the value where the winner changes.
+as one knob sweeps, the rest of the workload held, and the values where the winner changes.
 
 Two knobs. "prompt": synthetic traffic of each mean prompt length, the trace's mean output, at
 the rate that keeps the trace's tokens per second (input and output), so the fleets stay of a
-size and the dollars compare per token. "tpot": the trace itself under each TPOT target. The
-crossover is interpolated on the log of the knob between the first two neighbours (of the points
-where some layout met the SLO) whose winners differ, where the log of aggregated $/Mtok over split's crosses zero (at their geometric mean when
+size and the dollars compare per token. "tpot": the trace itself under each TPOT target. Each
+crossover is interpolated on the log of the knob between two neighbours (of the points where
+some layout met the SLO) whose winners differ, where the log of aggregated $/Mtok over split's crosses zero (at their geometric mean when
 one of the two met the SLO with one kind only). The plot (matplotlib, imported inside: Agg
 backend, no display) draws each kind's cheapest layout meeting the SLO, its GPUs beside it, a
-cross where it missed, and the crossover. Pure apart from CPU time, the plot aside.
+cross where it missed, and the crossovers. Pure apart from CPU time, the plot aside.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class BreakEvenPoint:
 class BreakEven:
     knob: str  # a key of KNOBS
     points: tuple[BreakEvenPoint, ...]  # by the knob, ascending
-    crossover: float | None  # the knob's value where the winner changes; None: one kind wins throughout
+    crossovers: tuple[float, ...]  # the knob's values where the winner changes; none: one kind wins throughout
     tokens_per_s: float  # input and output, the trace's
 
 
@@ -64,19 +64,20 @@ def break_even(dep: Deployment, arrivals: Arrivals, slo: SloSeconds, knob: str, 
         plan = plan_disagg(dep, arr, target, **plan_kw)
         winner = plan.best.kind if plan.best.meets_slo else "none"
         points.append(BreakEvenPoint(v, rate, plan.best_of(AGGREGATED), plan.best_of(SPLIT), winner))
-    return BreakEven(knob, tuple(points), crossover(points), tokens_per_s)
+    return BreakEven(knob, tuple(points), crossovers(points), tokens_per_s)
 
 
-def crossover(points: Sequence[BreakEvenPoint]) -> float | None:
-    """The knob's value where the winner changes (module docstring); points where nothing met are skipped."""
+def crossovers(points: Sequence[BreakEvenPoint]) -> tuple[float, ...]:
+    """The knob's values where the winner changes (module docstring); points where nothing met are skipped."""
     won = [p for p in points if p.winner in (AGGREGATED, SPLIT)]
+    out = []
     for a, b in zip(won, won[1:]):
         if a.winner != b.winner:
             ga, gb = _gap(a), _gap(b)
             t = ga / (ga - gb) if math.isfinite(ga) and math.isfinite(gb) and ga != gb else 0.5
             t = min(1.0, max(0.0, t))
-            return math.exp(math.log(a.value) + t * (math.log(b.value) - math.log(a.value)))
-    return None
+            out.append(math.exp(math.log(a.value) + t * (math.log(b.value) - math.log(a.value))))
+    return tuple(out)
 
 
 def _met(o: ServingOption | None) -> bool:
@@ -113,9 +114,10 @@ def plot_break_even(be: BreakEven, path: str | os.PathLike[str], title: str) -> 
         missed = [p.value * scale for p in be.points if not _met(pick(p))]
         if missed:
             ax.scatter(missed, [top * lift] * len(missed), marker="x", color=color, label=f"{label}: misses the SLO")
-    if be.crossover is not None:
-        ax.axvline(be.crossover * scale, color="black", ls="--", lw=1,
-                   label=f"break-even ~{be.crossover * scale:,.{0 if be.knob == 'prompt' else 1}f}")
+    for i, x in enumerate(be.crossovers):
+        ax.axvline(x * scale, color="black", ls="--", lw=1,
+                   label=None if i else "break-even: " + ", ".join(
+                       f"~{c * scale:,.{0 if be.knob == 'prompt' else 1}f}" for c in be.crossovers))
     ax.set_xscale("log")
     ax.set_xticks([p.value * scale for p in be.points], [f"{p.value * scale:g}" for p in be.points])
     ax.minorticks_off()

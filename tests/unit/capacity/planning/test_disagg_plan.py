@@ -14,7 +14,7 @@ from hbmserve.capacity.perf.hardware import get_gpu
 from hbmserve.capacity.perf.model_shape import load_model_shape
 from hbmserve.capacity.perf.perf_model import Deployment, cost_model, memory_fit
 from hbmserve.capacity.perf.slo_cap import batch_cap, chunk_step_s
-from hbmserve.capacity.planning.break_even import BreakEvenPoint, crossover
+from hbmserve.capacity.planning.break_even import BreakEvenPoint, crossovers
 from hbmserve.capacity.planning.confirm import meets
 from hbmserve.capacity.planning.disagg_plan import (AGGREGATED, PREFILL_BUDGET, SPLIT, TIE, ServingOption,
                                                     _fewest, _staircase, decode_seqs_cap, plan_disagg, pool_tps, rank)
@@ -204,17 +204,20 @@ def _point(value: float, agg: float | None, split: float | None) -> BreakEvenPoi
     return BreakEvenPoint(value, 1.0, a, s, winner)
 
 
-def test_the_crossover_is_where_the_cost_ratio_crosses_one_on_a_log_scale():
+def test_each_crossover_is_where_the_cost_ratio_crosses_one_on_a_log_scale():
     pts = [_point(500, 1.0, 2.0), _point(2000, 1.0, 1.5), _point(8000, 1.5, 1.0)]
     # Between 2000 and 8000: log(1/1.5) rises to log(1.5/1), crossing zero halfway on log(prompt).
-    assert crossover(pts) == pytest.approx(math.sqrt(2000 * 8000))
+    assert crossovers(pts) == pytest.approx((math.sqrt(2000 * 8000),))
     asym = [_point(1000, 1.0, 2.0), _point(4000, 1.5, 1.0)]
     t = math.log(2) / (math.log(2) + math.log(1.5))
-    assert crossover(asym) == pytest.approx(math.exp(math.log(1000) + t * math.log(4)))
+    assert crossovers(asym) == pytest.approx((math.exp(math.log(1000) + t * math.log(4)),))
     # One side missed at the far point: the geometric mean of the two.
-    assert crossover([_point(10, 1.0, 1.2), _point(40, None, 1.0)]) == pytest.approx(20.0)
-    assert crossover([_point(10, 1.0, 1.2), _point(40, 1.0, 1.3)]) is None
+    assert crossovers([_point(10, 1.0, 1.2), _point(40, None, 1.0)]) == pytest.approx((20.0,))
+    assert crossovers([_point(10, 1.0, 1.2), _point(40, 1.0, 1.3)]) == ()
     # A point where nothing met the SLO tells nothing about the winner: skipped.
     neither = BreakEvenPoint(20, 1.0, _option(AGGREGATED, 1.0, met=False), _option(SPLIT, 1.0, met=False), "none")
-    assert crossover([_point(10, 1.0, 1.2), neither, _point(40, None, 1.0)]) == pytest.approx(20.0)
-    assert crossover([neither, _point(40, None, 1.0)]) is None
+    assert crossovers([_point(10, 1.0, 1.2), neither, _point(40, None, 1.0)]) == pytest.approx((20.0,))
+    assert crossovers([neither, _point(40, None, 1.0)]) == ()
+    # Split, then one fleet, then split again: two crossovers, each between its own neighbours.
+    both = crossovers([_point(500, 1.5, 1.0), _point(1000, 1.0, 1.5), _point(8000, 1.5, 1.0)])
+    assert both == pytest.approx((math.sqrt(500 * 1000), math.sqrt(1000 * 8000)))
