@@ -4,10 +4,9 @@ host_tier.py), `hbmserve prefix-trace` (prefix-heavy traces with hash_ids to pla
 and `hbmserve plan-adapters` (a model's LoRA slots on adapter traffic, capacity/planning/
 adapter_plan.py: per (GPU slots, host slots) the fewest replicas meeting the SLO and their $ per
 million tokens, the pick and why, and what each adapter costs; `hbmserve plan --adapters N` prints
-the same figures from one quick evaluation on the first plan's layout, `plan_note`) and
-`hbmserve plan-disagg` (one fleet or a prefill pool and a decode pool, capacity/planning/
-disagg_plan.py: each layout's cheapest size meeting the SLO, ranked by $ per million tokens, the
-pick and why, and with --plot the break-even prompt length)."""
+the same figures from one quick evaluation on the first plan's layout, `plan_note`) and `hbmserve
+plan-disagg` (one fleet or a prefill pool and a decode pool, capacity/planning/disagg_plan.py: each
+layout's cheapest size meeting the SLO by $ per million tokens, the pick and why; --plot the break-even)."""
 
 from __future__ import annotations
 
@@ -302,23 +301,20 @@ def plan_disagg_cmd(
     if (rate is None) == (trace is None):
         raise fail("give exactly one of --rate RPS or --trace FILE")
     checks = {"--slo-ttft-p95": slo_ttft_p95, "--slo-tpot-p95": slo_tpot_p95, "--prompt-tokens": prompt_tokens,
-              "--output-tokens": output_tokens, "--tp": tp, "--max-gpus": max_gpus}
+              "--output-tokens": output_tokens, "--tp": tp, "--max-gpus": max_gpus, "--sweep-seconds": sweep_seconds}
     for name, v in checks.items():
         if v <= 0:
             raise fail(f"{name}: must be > 0, not {v:g}")
     if link not in LINKS:
         raise fail(f"--link {link!r}: one of {', '.join(LINKS)}")
-    if sweep not in ("prompt", "tpot") or sweep_seconds <= 0:
-        raise fail(f"--sweep {sweep!r}: prompt or tpot" if sweep_seconds > 0 else "--sweep-seconds: must be > 0")
+    if sweep not in ("prompt", "tpot"):
+        raise fail(f"--sweep {sweep!r}: prompt or tpot")
     tps = _slots(pool_tps, "--pool-tps") if pool_tps else None
     if max_gpus < min(tps or (tp,)):
         raise fail(f"--max-gpus {max_gpus}: below one replica's {min(tps or (tp,))} GPUs")
     try:
         cat = load_catalog(catalog)
-        try:
-            g = cat[resolve_gpu_name(gpu, cat)]
-        except ValueError as err:
-            raise fail(f"--gpu: {err}") from None
+        g = cat[resolve_gpu_name(gpu, cat)]  # ScenarioError (a user error) names the known GPUs
         dep = Deployment(load_model_shape(model), g, tp)
         arr = arrivals_for(trace, rate, duration, prompt_tokens, output_tokens, 1.0, seed, 1.0)
         slo = SloSeconds(slo_ttft_p95, slo_tpot_p95)
@@ -328,16 +324,16 @@ def plan_disagg_cmd(
     except ValueError as err:
         where = "--tp/--pool-tps: " if str(err).startswith("TP") else ""
         raise fail(f"{where}{dep.model.name} on {g.name}: {err}") from None
-    title = f"{dep.model.name} on {g.name}: {len(arr):,} requests over {arr.duration_s:.0f} s, at most {max_gpus} GPUs"
     if plot is not None:
         _plot_break_even(plot, sweep, sweep_seconds, dep, arr, slo,
                          dict(max_gpus=max_gpus, link=link, tps=tps, usd_per_gpu_hour=price), seed)
     if json_out:
-        print(json.dumps({"model": dep.model.name, "gpu": g.name, "requests": len(arr), "best": _option(plan.best),
-                          "reason": plan.reason, "options": [_option(o) for o in plan.options],
-                          "simulations": len(plan.tried)}))
+        print(json.dumps({"model": dep.model.name, "gpu": g.name, "requests": len(arr), "simulations": len(plan.tried),
+                          "best": _option(plan.best), "reason": plan.reason,
+                          "options": [_option(o) for o in plan.options]}))
         return
-    _print_disagg(title, plan, slo)
+    _print_disagg(f"{dep.model.name} on {g.name}: {len(arr):,} requests over {arr.duration_s:.0f} s, at most "
+                  f"{max_gpus} GPUs", plan, slo)
     if plot is not None:
         typer.echo(f"break-even plot written to {plot}")
 
@@ -369,7 +365,8 @@ def _print_disagg(title: str, plan: Any, slo: Any) -> None:
     for o in plan.options:
         mark = "[bold]" if o is plan.best else ""
         t.add_row(f"{mark}{o.layout}" + (f" [dim]({o.note})[/]" if o.note else ""), str(o.gpus),
-                  "yes" if o.meets_slo else "no", _f(o.ttft_p95_s, ".2f"), _f(o.tpot_p95_s and o.tpot_p95_s * 1e3, ".1f"),
+                  "yes" if o.meets_slo else "no", _f(o.ttft_p95_s, ".2f"),
+                  _f(o.tpot_p95_s and o.tpot_p95_s * 1e3, ".1f"),
                   f"{o.slo_attainment:.1%}", f"{o.goodput_rps:.2f}", _f(o.usd_per_mtok, ".3f"))
     c.print(t)
     c.print(f"[bold]{plan.best.kind}[/]: {plan.reason}", highlight=False, soft_wrap=True)

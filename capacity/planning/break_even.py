@@ -4,9 +4,9 @@ as one knob sweeps, the rest of the workload held, and the values where the winn
 Two knobs. "prompt": synthetic traffic of each mean prompt length, the trace's mean output, at
 the rate that keeps the trace's tokens per second (input and output), so the fleets stay of a
 size and the dollars compare per token. "tpot": the trace itself under each TPOT target. Each
-crossover is interpolated on the log of the knob between two neighbours (of the points where
-some layout met the SLO) whose winners differ, where the log of aggregated $/Mtok over split's crosses zero (at their geometric mean when
-one of the two met the SLO with one kind only). The plot (matplotlib, imported inside: Agg
+crossover is interpolated on the log of the knob between two neighbours (of the points where some
+layout met the SLO) whose winners differ, where the log of aggregated $/Mtok over split's crosses
+zero (at their geometric mean when one of the two met the SLO with one kind only). The plot (matplotlib, imported inside: Agg
 backend, no display) draws each kind's cheapest layout meeting the SLO, its GPUs beside it, a
 cross where it missed, and the crossovers. Pure apart from CPU time, the plot aside.
 """

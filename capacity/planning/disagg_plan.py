@@ -254,7 +254,8 @@ def _aggregated_settings(dep: Deployment, slo: SloSeconds, w: Workload,
                      if (VLLM_MAX_SEQS, b) != first[:2])]
 
 
-def _unrun(kind: str, tp: int, decode_tp: int, seqs: int, budget: int, note: str, capped: bool = False) -> ServingOption:
+def _unrun(kind: str, tp: int, decode_tp: int, seqs: int, budget: int, note: str,
+           capped: bool = False) -> ServingOption:
     return ServingOption(kind, tp, decode_tp, 0, 0, seqs, budget, None, 0, False, None, None, 0.0, 0.0, 0.0, None,
                          capped=capped, note=note)
 

@@ -61,7 +61,7 @@ def test_plot_writes_the_break_even_png(tmp_path, monkeypatch):
     (("--pool-tps", "4,x"), "--pool-tps: not a comma-separated list of whole numbers"),
     (("--pool-tps", "2,4"), "--tp/--pool-tps: llama-3.1-70b on h100-sxm: TP2: weights"),
     (("--tp", "3"), "TP3: 64 attention heads do not split over 3 GPUs"),
-    (("--gpu", "tpu"), "--gpu: unknown gpu 'tpu'"),
+    (("--gpu", "tpu"), "unknown gpu 'tpu'; known: a100-80g-sxm"),
     (("--trace", "x.csv"), "give exactly one of --rate RPS or --trace FILE"),
 ])
 def test_bad_input_exits_2_naming_the_option(args, message):
