@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 from hbmserve.core.autoscaling_spec import AutoscalingSpec
 from hbmserve.core.cache_spec import WeightCacheSpec
 from hbmserve.core.adapters import AdapterSpec, LoraSlots, adapter_problems
+from hbmserve.core.disagg_spec import DisaggregationSpec, Parallelism, Role, disaggregation_problems
 from hbmserve.core.engine_settings import EngineKind, EngineSettings, Strict as _Strict
 
 DEFAULT_CONFIG_NAME = "default_cluster.yaml"
@@ -27,11 +28,6 @@ DEFAULT_CONFIG_NAME = "default_cluster.yaml"
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message is meant for the user as-is."""
-
-
-class Parallelism(_Strict):
-    tp: Annotated[int, Field(ge=1, le=64)] = 1
-    pp: Annotated[int, Field(ge=1, le=64)] = 1
 
 
 class SLO(_Strict):
@@ -71,6 +67,9 @@ class SimEngineSpec(_Strict):
     # engine does (the bytes are made local, not read): exercises the cache and the warm tier
     # without GPUs. Off: `source` is a label and is never read.
     cache_weights: bool = False
+    # The link a prompt's KV crosses to this replica when a prefill replica computed it
+    # (capacity/perf/perf_model.KV_LINKS): set from disaggregation.connector.link.
+    kv_link: Literal["nvlink", "infiniband", "host"] = "nvlink"
 
 
 class ModelSpec(_Strict):
@@ -91,12 +90,34 @@ class ModelSpec(_Strict):
     # LoRA fine-tunes served under their own names on this model's replicas (core/adapters.py).
     adapters: list[AdapterSpec] = []
     lora: LoraSlots = LoraSlots()
+    # Prefill and decode on separate pools with the KV moved between them (core/disagg_spec.py).
+    disaggregation: DisaggregationSpec | None = None
 
     @property
     def replica_ceiling(self) -> int:
         """The most replicas it runs at once: `replicas`, or `autoscaling.max_replicas`. The
         placement planner places this many up front (deployments/apps/placed_app.py)."""
         return self.replicas if self.autoscaling is None else self.autoscaling.max_replicas
+
+    def pool(self, role: Role) -> ModelSpec:
+        """A disaggregated model's pool as an aggregated model of its own: the pool's replicas,
+        scaling, parallelism and engine settings, and the connector in vLLM's arguments. Every
+        builder (Serve options, the replica, its engine) takes it as it takes any model."""
+        assert self.disaggregation is not None, "only a disaggregated model has pools"
+        p = self.disaggregation.of(role)
+        settings = p.engine_settings or self.engine_settings
+        kv = self.disaggregation.connector.vllm_config()
+        if kv is not None:
+            settings = settings.model_copy(update={"vllm_args": {**settings.vllm_args, "kv_transfer_config": kv}})
+        sim = self.sim.model_copy(update={"kv_link": self.disaggregation.connector.link or self.sim.kv_link})
+        return self.model_copy(update={"replicas": p.replicas, "autoscaling": p.autoscaling, "parallelism": p.parallelism,
+                                       "max_replicas_per_node": p.max_replicas_per_node, "engine_settings": settings,
+                                       "sim": sim, "disaggregation": None})
+
+    def serving(self) -> ModelSpec:
+        """What the replicas that stream the replies run as: the model, or its decode pool. The
+        door's admission counts their sequences."""
+        return self if self.disaggregation is None else self.pool(Role.DECODE)
 
     @property
     def standbys_sleep(self) -> bool:
@@ -129,6 +150,20 @@ class ModelSpec(_Strict):
     @model_validator(mode="after")
     def _adapters_fit_their_slots(self) -> ModelSpec:
         problems = adapter_problems(self.adapters, self.lora, self.engine_settings.vllm_args)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _pools_can_work(self) -> ModelSpec:
+        problems = disaggregation_problems(self)
+        if not problems and self.disaggregation is not None:
+            for role in Role:  # each pool must be a model that could be served on its own
+                try:
+                    ModelSpec.model_validate(self.pool(role).model_dump())
+                except ValidationError as err:
+                    problems += [f"disaggregation.{role.value}: {e['msg'].removeprefix('Value error, ')}"
+                                 for e in err.errors()]
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -256,6 +291,11 @@ class ClusterSpec(_Strict):
                 if a.tenants is not None and self.serve.auth is None:
                     raise ValueError(f"models.{i}.adapters.{j}.tenants: an access list needs serve.auth (API keys "
                                      "name the tenant); set serve.auth or remove the list")
+        for i, m in enumerate(self.models):
+            if m.disaggregation is not None and self.plans_placement(m.pool(Role.PREFILL)):
+                raise ValueError(f"models.{i}.disaggregation: the placement planner does not place a disaggregated "
+                                 "model's pools yet; without `topology` Serve places them (per pool: "
+                                 "max_replicas_per_node)")
         return self
 
     def model(self, name: str) -> ModelSpec | None:
@@ -332,6 +372,10 @@ def _resolve_sources(spec: ClusterSpec, base: Path) -> ClusterSpec:
     for m in spec.models:
         if m.source.startswith((".", "/", "~")):
             m = m.model_copy(update={"source": str(_absolute(m.source, base))})
+        kv = m.disaggregation.connector if m.disaggregation is not None else None
+        if kv is not None and kv.path is not None:  # the shared-storage folder, as a source
+            kv = kv.model_copy(update={"path": str(_absolute(kv.path, base))})
+            m = m.model_copy(update={"disaggregation": m.disaggregation.model_copy(update={"connector": kv})})
         models.append(m)
     return spec.model_copy(update={"models": models})
 

@@ -279,6 +279,8 @@ class ReplicaEndpoint(Record):
     draining: bool = False
     # Set when its engine publishes KV events: the doors route by them (added with KV-aware routing).
     kv_events: KvEventsInfo | None = None
+    # The pool of a disaggregated model it serves ("prefill" or "decode"); None: both phases.
+    role: str | None = None
 
     def fresh(self, now: float, ttl_s: float) -> bool:
         return now - self.at <= ttl_s

@@ -52,8 +52,9 @@ block (only where a replica has a host tier).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence, Set
+from dataclasses import replace
 
-from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest
+from hbmserve.core.routing import ReplicaLoad, RouteDecision, RouteRequest, Router
 from hbmserve.core.scaling import ReplicaState
 
 DEFAULT_AFFINITY_SLACK = 32
@@ -172,3 +173,19 @@ def choose(replicas: Iterable[ReplicaLoad], request: RouteRequest,
         why += f"; longer prefix on {', '.join(far)} skipped: over {affinity_slack} requests more than {floor}"
     return RouteDecision((pick.replica_id, *(r.replica_id for r in fleet if r is not pick)),
                          f"{adapter_why}{why} (waiting {pick.waiting}, running {pick.running}, kv {pick.kv_usage:.0%})")
+
+
+# A decode replica whose KV cache is this full cannot take a prompt's KV without preempting.
+DECODE_KV_FULL = 0.95
+
+
+def choose_decode(router: Router, replicas: Iterable[ReplicaLoad], request: RouteRequest) -> RouteDecision:
+    """Rank a disaggregated model's decode replicas for a request whose prompt's KV comes from a
+    prefill replica: by load and KV usage with `router` (no prefix: the KV arrives whole), among
+    those with room for it (KV usage under DECODE_KV_FULL). None ranked: run it aggregated."""
+    fleet = [r for r in replicas if r.state is ReplicaState.ACTIVE]
+    room = [r for r in fleet if r.kv_usage < DECODE_KV_FULL]
+    if fleet and not room:
+        return RouteDecision((), f"no decode replica has room for the KV (all {len(fleet)} at "
+                             f"{DECODE_KV_FULL:.0%}+ KV usage)")
+    return router(room, replace(request, prefix_hashes=()))

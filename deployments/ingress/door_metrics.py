@@ -11,7 +11,7 @@ What one front door exports, each family once:
 * its KV index per model (deployments/kv): blocks by tier, lag, streams, untrusted replicas,
   event batches applied / stale / unreadable, gaps replayed or reset, and the time spent
   hashing prompts; every door keeps its own index, so these are per door (`instance`);
-* GPU gauges from NVML where the node has GPUs (gpu_metrics.py), nothing elsewhere.
+* GPU gauges from NVML where the node has GPUs (GpuCollector, below), nothing elsewhere.
 The cluster-wide figures the autoscaling policy knows (replicas by role, target, last action)
 are Ray gauges (records_store.DecisionLog), on Ray's metrics port.
 """
@@ -23,6 +23,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -32,6 +33,7 @@ from hbmserve.deployments.wire.engine_metrics import METRICS_PATH, exposition, p
 from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
 from hbmserve.deployments.ingress.replica_table import KnownReplica, ReplicaTable
 from hbmserve.deployments.kv.door_kv import KvDoorStats
+from hbmserve.placement.io.nvml_discovery import load_pynvml
 
 log = logging.getLogger("hbmserve.frontdoor")
 
@@ -171,3 +173,73 @@ async def node_metrics(session, token: str, local: list[KnownReplica], own: list
     engine = merge_families(f for families in scraped for f in families)
     gpu = await asyncio.to_thread(gpus) if gpus is not None else []  # NVML calls block
     return exposition(engine + own + gpu)
+
+
+# ---- GPU gauges through NVML (nvidia-ml-py), on GPU nodes ----
+# GPU gauges through NVML (nvidia-ml-py), for the front door's /metrics on GPU nodes.
+#
+# Absent cleanly elsewhere: `GpuCollector.open()` answers None where pynvml is missing or NVML
+# does not initialise (no driver, no GPU), and the front door then exports no GPU families at all
+# rather than zeros that would read as idle GPUs. `nvml` may be any object with pynvml's function
+# names (tests pass a fake built from real machine shapes).
+# NVML field ids (nvml.h NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX): KiB of data sent and received
+# over NVLink since the driver loaded, a counter. Scope UINT_MAX asks for the sum over all links.
+_NVLINK_TX, _NVLINK_RX, _ALL_LINKS = 138, 139, 0xFFFFFFFF
+_GPU_LABELS = ("gpu", "uuid")
+
+
+class GpuCollector:
+    """A prometheus_client collector over the GPUs NVML sees on this node."""
+
+    def __init__(self, nvml: Any):
+        self.nvml = nvml
+
+    @classmethod
+    def open(cls, nvml: Any = None) -> GpuCollector | None:
+        """A collector, or None (logged once, with the reason) where NVML cannot be used."""
+        try:
+            nvml = load_pynvml() if nvml is None else nvml
+            nvml.nvmlInit()
+        except ImportError:
+            log.info("no GPU metrics: nvidia-ml-py is not installed")
+            return None
+        except Exception as err:  # noqa: BLE001 - pynvml.NVMLError (no driver, no GPU) or a missing libnvidia-ml
+            log.info("no GPU metrics: NVML did not initialise (%s)", err)
+            return None
+        return cls(nvml)
+
+    def close(self) -> None:
+        self.nvml.nvmlShutdown()
+
+    def _nvlink_kib(self, handle: Any) -> tuple[float, float] | None:
+        """(sent, received) KiB over all NVLinks, or None where the GPU has no NVLink counters."""
+        n = self.nvml
+        try:
+            values = n.nvmlDeviceGetFieldValues(handle, [(_NVLINK_TX, _ALL_LINKS), (_NVLINK_RX, _ALL_LINKS)])
+        except n.NVMLError:
+            return None
+        if any(v.nvmlReturn != n.NVML_SUCCESS for v in values):
+            return None
+        return float(values[0].value.ullVal), float(values[1].value.ullVal)
+
+    def collect(self) -> list[Metric]:
+        n = self.nvml
+        util = GaugeMetricFamily("hbmserve_gpu_utilization", "Fraction of the last sample period a kernel ran "
+                                 "on the GPU (NVML utilization.gpu / 100)", labels=_GPU_LABELS)
+        used = GaugeMetricFamily("hbmserve_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=_GPU_LABELS)
+        total = GaugeMetricFamily("hbmserve_gpu_memory_total_bytes", "GPU memory installed (NVML)", labels=_GPU_LABELS)
+        nvlink = CounterMetricFamily("hbmserve_gpu_nvlink_bytes", "Data bytes over all NVLinks of the GPU since the "
+                                     "driver loaded; rate() is the throughput", labels=(*_GPU_LABELS, "direction"))
+        for i in range(n.nvmlDeviceGetCount()):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            uuid = n.nvmlDeviceGetUUID(h)
+            labels = (str(i), uuid.decode() if isinstance(uuid, bytes) else uuid)
+            util.add_metric(labels, n.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
+            memory = n.nvmlDeviceGetMemoryInfo(h)
+            used.add_metric(labels, float(memory.used))
+            total.add_metric(labels, float(memory.total))
+            kib = self._nvlink_kib(h)
+            if kib is not None:
+                nvlink.add_metric((*labels, "tx"), kib[0] * 1024)
+                nvlink.add_metric((*labels, "rx"), kib[1] * 1024)
+        return [util, used, total] + ([nvlink] if nvlink.samples else [])

@@ -24,7 +24,7 @@ import time
 from hbmserve.autoscale.rollout import deploy_changes
 from hbmserve.core.config import ClusterSpec
 from hbmserve.core.records import DoorEndpoint, IngressInfo, ModelTraffic
-from hbmserve.deployments.ingress.door_metrics import door_families, local_replicas, node_metrics
+from hbmserve.deployments.ingress.door_metrics import GpuCollector, door_families, local_replicas, node_metrics
 from hbmserve.capacity.perf.scenario import replica_usd_per_hour
 from hbmserve.deployments.ingress.dashboard import SAMPLE_S
 from hbmserve.deployments.ingress.dashboard_feed import DashboardFeed
@@ -32,14 +32,13 @@ from hbmserve.deployments.ingress.front_door_access import AccessGuard, KeyFiles
 from hbmserve.deployments.ingress.front_door_app import FrontDoorApp
 from hbmserve.deployments.ingress.request_body import BodyLimits
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission
-from hbmserve.deployments.ingress.gpu_metrics import GpuCollector
 from hbmserve.deployments.kv.door_kv import DoorKv, kv_routing
 from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
 from hbmserve.deployments.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
 from hbmserve.deployments.wire.records_store import (RENEW_S, info_reply, latest_decision, latest_deployed, live_doors,
                                                      live_endpoints, publish_demand, publish_door, remove_door)
 from hbmserve.deployments.ingress.replica_table import POLL_S, ReplicaTable
-from hbmserve.deployments.wire.names import engine_deployment_name
+from hbmserve.deployments.wire.names import engine_pools
 
 log = logging.getLogger("hbmserve.frontdoor")
 
@@ -59,8 +58,9 @@ class FrontDoor:
         names = [m.name for m in self.spec.models]
         # The engines' KV events, one stream per publishing replica (deployments/kv/door_kv.py).
         self.kv = DoorKv({INTERNAL_TOKEN_HEADER.decode(): internal_token}, lambda: self.session)
-        self.table = ReplicaTable(names, {m.name for m in self.spec.models if m.autoscaling is not None}, kv=self.kv)
-        self.admission = {m.name: ModelAdmission(m, self.table) for m in self.spec.models}
+        self.table = ReplicaTable(names, {key for key, (_, pool) in self._pools() if pool.autoscaling is not None},
+                                  kv=self.kv)
+        self.admission = {m.name: ModelAdmission(m.serving(), self.table) for m in self.spec.models}
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True),
             auto_decompress=False)
@@ -104,8 +104,8 @@ class FrontDoor:
 
     async def _discover(self) -> None:
         def read():
-            decisions = {m.name: latest_decision(m.name, engine_deployment_name(m))
-                         for m in self.spec.models if m.autoscaling is not None}
+            decisions = {key: latest_decision(pool.name, deployment) for key, (deployment, pool) in self._pools()
+                         if pool.autoscaling is not None}
             return live_endpoints(), decisions, live_doors(), latest_deployed()
 
         endpoints, decisions, doors, deployed = await asyncio.to_thread(read)
@@ -113,6 +113,10 @@ class FrontDoor:
         self.table.doors = max(1, len(doors))
         if deployed is not None and deployed.spec_json != self._spec_json:
             self._adopt(deployed.spec_json)
+
+    def _pools(self):
+        """(pool_key, (engine deployment, the pool as a model)) of every model's scaling groups."""
+        return [item for m in self.spec.models for item in engine_pools(m).items()]
 
     def _adopt(self, spec_json: str) -> None:
         """Take the model sections a rollout finished (cluster/rolling_deploy.py publishes them
@@ -126,7 +130,7 @@ class FrontDoor:
         self.spec = self.app.spec = self.dashboard.spec = spec
         self.app.meter.update(spec)
         for m in spec.models:
-            self.admission[m.name].model = m
+            self.admission[m.name].model = m.serving()
         self.prices = self.dashboard.prices = {m.name: replica_usd_per_hour(m) for m in spec.models}
         log.info("front door took the new section of %s", ", ".join(changed) or "no model")
 
@@ -146,7 +150,8 @@ class FrontDoor:
             gate = self.admission[m.name]
             demand = (gate.queued, gate.refused_rps())
             if any(demand) or self._demand.get(m.name):
-                await asyncio.to_thread(publish_demand, m.name, engine_deployment_name(m), self.holder, *demand)
+                for deployment, _ in engine_pools(m).values():  # both pools of a disaggregated model
+                    await asyncio.to_thread(publish_demand, m.name, deployment, self.holder, *demand)
             self._demand[m.name] = any(demand)
 
     async def _metrics(self) -> bytes:
@@ -191,7 +196,8 @@ class FrontDoor:
         await self.kv.close()
         for m in self.spec.models:  # let go of the demand at once rather than at its TTL
             if self._demand.get(m.name):
-                await asyncio.to_thread(publish_demand, m.name, engine_deployment_name(m), self.holder, 0, 0.0)
+                for deployment, _ in engine_pools(m).values():
+                    await asyncio.to_thread(publish_demand, m.name, deployment, self.holder, 0, 0.0)
         await self.session.close()
         if self.gpus is not None:
             self.gpus.close()

@@ -6,6 +6,7 @@
     gen = read_generation(path, body)                   # what the engine runs, as vLLM reads it: 400
     guard.charge(tenant, gen.most_tokens(...), doors)   # tenant rate limits, split over doors: 429
     ticket = await admission[model].enter(ask)          # queue or refuse: 429 / 503
+    phase = two_phase.run(...)                          # a disaggregated model: prefill first
     for replica in choose(table.loads(model), route):   # the shared router, 1 + migration_limit tries
         relay(..., tap, ledger)                         # retried only before the first byte
     resume(ledger, ...)                                 # a broken stream goes on elsewhere (migration.py)
@@ -38,10 +39,12 @@ from hbmserve.deployments.ingress.migration import StreamLedger, resumable, with
 from hbmserve.deployments.ingress.relay import FirstByteTimeout, NotStarted, Refused, end_broken, relay, upstream_headers
 from hbmserve.deployments.ingress.request_body import (EMBEDDINGS, BodyError, BodyLimits, BodyShapeError, Generation,
                                                       read_body, read_generation)
+from hbmserve.deployments.ingress.two_phase import DECODE, TWO_PHASE_PATHS, Phase, TwoPhase
 from hbmserve.deployments.ingress.usage_tap import UsageTap, with_usage_asked
 from hbmserve.routing.queue import Ask
 from hbmserve.deployments.wire.http import json_response, openai_error
 from hbmserve.deployments.ingress.replica_table import ReplicaTable
+from hbmserve.routing.choose import choose_decode
 from hbmserve.routing.routers import ROUTERS
 from hbmserve.routing.prefix import prompt_block_hashes, request_text
 
@@ -111,6 +114,7 @@ class FrontDoorApp:
         self.migrated: dict[str, int] = {}  # model -> streams that went on from another replica
         self.migration_failed: dict[str, int] = {}  # model -> broken streams that could not go on
         self.route: Router = ROUTERS[spec.serve.router]
+        self.two_phase = TwoPhase(table, self.route, session_of)  # disaggregated models' prefill phase
         self._requests = 0
 
     async def __call__(self, scope, receive, send) -> None:
@@ -272,7 +276,7 @@ class FrontDoorApp:
         try:
             route, precise = self._route_request(scope["path"], model, body, ask)
             await _while_connected(receive, self._route_and_relay(scope, send, model, raw, route, tenant, tap,
-                                                                  ledger, precise))
+                                                                  ledger, precise, body))
         finally:
             gate.leave(ticket)
 
@@ -286,9 +290,18 @@ class FrontDoorApp:
         return RouteRequest(ask.prompt_tokens, ask.max_tokens, prefix_hashes=hashes, salt=self._requests,
                             adapter=adapter_named(body, model)), exact is not None
 
+    def _ranked(self, model: str, phase: Phase, precise: bool) -> tuple[str, ...]:
+        """The replicas for the phase's reply, best first: a decode replica with room for the KV
+        (routing.choose_decode), or any replica by the router."""
+        if phase.role == DECODE:
+            return choose_decode(self.route, self.table.loads(model, role=DECODE), phase.route).ranked
+        return self.route(self.table.loads(model, precise), phase.route).ranked
+
     async def _route_and_relay(self, scope, send, model: str, raw: bytes, route: RouteRequest,
                                tenant: str | None, tap: UsageTap, ledger: StreamLedger | None = None,
-                               precise: bool = False) -> None:
+                               precise: bool = False, body: dict[str, Any] | None = None) -> None:
+        """Relay the request to the best replica, the next while they fail before a byte; a
+        disaggregated model's prompt first runs on its prefill pool (two_phase.py)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         query = scope.get("query_string", b"").decode("latin-1")
@@ -299,18 +312,25 @@ class FrontDoorApp:
         # The first replica, then others while replicas fail before any byte: once, or as many
         # times as a broken stream may move (a reply not streamed starts over: none of it was sent).
         attempts = 1 + max(1, self.spec.serve.migration_limit)
+        phase = Phase(None, raw, route, "")
+        if body is not None and scope["path"] in TWO_PHASE_PATHS and self.spec.model(model).disaggregation:
+            phase = await self.two_phase.run(model, suffix, headers, body, raw, route, precise,
+                                             self.limits.first_byte_timeout_s)
         for _ in range(attempts):
-            ranked = [rid for rid in self.route(self.table.loads(model, precise), route).ranked if rid not in tried]
+            ranked = [rid for rid in self._ranked(model, phase, precise) if rid not in tried]
+            if not ranked and phase.role == DECODE:  # no decode replica left: the whole request elsewhere
+                phase = self.two_phase.aggregated(model, raw, route, failure)
+                ranked = [rid for rid in self._ranked(model, phase, precise) if rid not in tried]
             replica = self.table.get(model, ranked[0]) if ranked else None
             if replica is None:
                 break
             tried.append(replica.endpoint.replica)
             replica.sent_since_poll += 1
             if not precise:  # what the engine holds comes from its events, not from what was sent
-                replica.remember(route.prefix_hashes)
+                replica.remember(phase.route.prefix_hashes)
             tap.forwarded = True
             try:
-                done = await relay(self.session_of(), replica.endpoint.url + suffix, scope["method"], headers, raw,
+                done = await relay(self.session_of(), replica.endpoint.url + suffix, scope["method"], headers, phase.raw,
                                    send, self.limits.first_byte_timeout_s, started, replica.endpoint.replica, tap,
                                    ledger, streams=replica.streams)
                 if done.left_open:

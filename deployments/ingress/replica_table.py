@@ -29,6 +29,7 @@ from hbmserve.core.scaling import ReplicaState
 from hbmserve.routing.prefix import RecentPrefixes
 from hbmserve.deployments.kv.door_kv import DoorKv
 from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER, LOAD_PATH
+from hbmserve.deployments.wire.names import pool_key
 
 log = logging.getLogger("hbmserve.frontdoor")
 
@@ -78,6 +79,9 @@ class KnownReplica:
 
 
 class ReplicaTable:
+    """Every model's replicas, by model; a disaggregated model's replicas carry their pool's
+    role (`loads(model, role=...)`). `autoscaled` and the decisions are keyed by names.pool_key."""
+
     def __init__(self, models: list[str], autoscaled: set[str], lost_after_s: float = LOST_AFTER_S,
                  kv: DoorKv | None = None):
         self.models = models
@@ -98,15 +102,16 @@ class ReplicaTable:
             table = self.replicas[model]
             for gone in set(table) - set(eps):
                 table.pop(gone).cut_streams()
-            decision = decisions.get(model)
             for rid, ep in eps.items():
+                key = pool_key(model, ep.role)  # a disaggregated model's pools scale apart
+                decision = decisions.get(key)
                 r = table.get(rid)
                 if r is None or r.endpoint.url != ep.url:
                     if r is not None:
                         r.cut_streams()
                     r = table[rid] = KnownReplica(ep)
                 r.endpoint = ep
-                r.active = not ep.draining and (model not in self.autoscaled or decision is None
+                r.active = not ep.draining and (key not in self.autoscaled or decision is None
                                                 or rid in decision.active_replicas)
             if self.kv is not None:
                 self.kv.sync(model, eps.values())
@@ -146,11 +151,12 @@ class ReplicaTable:
         r.sent_since_poll = 0
 
     # -- routing ------------------------------------------------------------------------
-    def loads(self, model: str, precise: bool = False) -> list[ReplicaLoad]:
+    def loads(self, model: str, precise: bool = False, role: str | None = None) -> list[ReplicaLoad]:
         """`precise`: the request carries the engines' own block hashes (DoorKv.hashes), so each
         replica's cache is what its engine reports; a view the index cannot vouch for (a gap,
-        lag, no events yet) counts as holding nothing, and load decides."""
-        table = self.replicas.get(model, {})
+        lag, no events yet) counts as holding nothing, and load decides. `role`: only that pool's
+        replicas of a disaggregated model."""
+        table = {rid: r for rid, r in self.replicas.get(model, {}).items() if role is None or r.endpoint.role == role}
         if precise and self.kv is not None:
             return [r.load(self.kv.view(model, rid)) for rid, r in table.items()]
         return [r.load() for r in table.values()]
@@ -158,12 +164,19 @@ class ReplicaTable:
     def get(self, model: str, replica: str) -> KnownReplica | None:
         return self.replicas.get(model, {}).get(replica)
 
-    def routable(self, model: str) -> int:
-        return sum(1 for r in self.replicas.get(model, {}).values() if r.active and r.reachable)
+    def _serving(self, model: str):
+        """The replicas a model's streams run on: all, or a disaggregated model's decode pool."""
+        return (r for r in self.replicas.get(model, {}).values() if r.endpoint.role in (None, "decode"))
+
+    def routable(self, model: str, role: str | None = None) -> int:
+        """Replicas taking traffic: those streams run on, or one pool's (`role`)."""
+        replicas = self._serving(model) if role is None else (
+            r for r in self.replicas.get(model, {}).values() if r.endpoint.role == role)
+        return sum(1 for r in replicas if r.active and r.reachable)
 
     def starting_or_standby(self, model: str) -> int:
         """Replicas that exist but take no traffic yet: help that may arrive soon."""
-        return sum(1 for r in self.replicas.get(model, {}).values() if not (r.active and r.reachable))
+        return sum(1 for r in self._serving(model) if not (r.active and r.reachable))
 
     def mark_unreachable(self, model: str, replica: str) -> None:
         r = self.get(model, replica)

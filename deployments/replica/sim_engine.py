@@ -93,15 +93,18 @@ class SimEngine:
 
     # ---- requests ----
     async def generate(self, request_id: str, prompt_token_count: int, max_tokens: int,
-                       prefix_hashes: tuple[int, ...] = (), adapter: str | None = None) -> AsyncIterator[int]:
+                       prefix_hashes: tuple[int, ...] = (), adapter: str | None = None,
+                       preloaded: int = 0) -> AsyncIterator[int]:
         """Yield output token indices 0..max_tokens-1 as the virtual GPU produces them.
         `prefix_hashes`: the prompt's block hashes, each naming `hash_block_tokens` tokens;
-        `adapter`: the LoRA adapter it runs with (its loads and slots are modelled)."""
+        `adapter`: the LoRA adapter it runs with (its loads and slots are modelled);
+        `preloaded`: prompt tokens whose KV a prefill replica computed (not computed here)."""
         self.start()
         if request_id in self._names:
             raise ValueError(f"request id {request_id!r} is already running")
         rid = next(self._ids)
         req = SimRequest(rid, self._wall() * self.speedup, prompt_token_count, max_tokens, prefix_hashes, adapter)
+        req.preloaded = preloaded
         if not self.core.add(req):
             raise RequestRejected(
                 f"prompt ({prompt_token_count}) + max_tokens ({max_tokens}) exceeds max_model_len "

@@ -92,6 +92,12 @@ class SimEngineMetrics:
                                      registry=r).labels(*labels)
         self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.",
                                          _LABELS, registry=r).labels(*labels)
+        # The KV a decode replica loaded from a prefill replica (disaggregated serving), under
+        # the names vLLM's connectors count it by (engine_metrics.CONNECTOR_FAMILIES).
+        self.external_queries = Counter("vllm:external_prefix_cache_queries", "External prefix cache queries, in "
+                                        "terms of number of queried tokens.", _LABELS, registry=r).labels(*labels)
+        self.external_hits = Counter("vllm:external_prefix_cache_hits", "External prefix cache hits, in terms of "
+                                     "number of cached tokens.", _LABELS, registry=r).labels(*labels)
         r.register(_EngineGauges(labels, stats))
 
     def request(self, arrived: float, prompt_tokens: int) -> RequestTimer:

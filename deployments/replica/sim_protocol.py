@@ -51,6 +51,9 @@ class _GenerationRequest(_Lenient):
     n: int = Field(default=1, ge=1, le=1)  # one choice per request (what load generators send)
     ignore_eos: bool = False  # vLLM's extra; a simulated reply with max_tokens never stops early anyway
     return_token_ids: bool = False  # vLLM's extra: prompt ids in the first chunk, each token's id
+    # vLLM's KV connector hand-off (disaggregated serving): do_remote_decode asks a prefill replica
+    # to keep the prompt's KV; do_remote_prefill tells a decode replica it is coming.
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class CompletionRequest(_GenerationRequest):

@@ -23,7 +23,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from prometheus_client.metrics_core import Metric
@@ -130,9 +130,11 @@ async def _timed(tokens: AsyncIterator[int], timer: RequestTimer | None) -> Asyn
 
 
 def build_sim_openai_app(engine, model_name: str, max_model_len: int, metrics: SimEngineMetrics | None = None,
-                         adapters: tuple[str, ...] = ()):
+                         adapters: tuple[str, ...] = (), kv_seconds: Callable[[int], float] | None = None):
     """The FastAPI app over a started-or-lazy `SimEngine`; no listener, no middleware.
-    `metrics`: where the engine's timings go (vLLM's histograms under vLLM's names)."""
+    `metrics`: where the engine's timings go (vLLM's histograms under vLLM's names).
+    `kv_seconds`: the virtual seconds a prompt's KV of n tokens takes to arrive from a prefill
+    replica; None: the engine takes no hand-off and computes every prompt itself."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -141,6 +143,7 @@ def build_sim_openai_app(engine, model_name: str, max_model_len: int, metrics: S
     from hbmserve.deployments.replica.sim_engine import RequestRejected
 
     app = FastAPI(title=f"hbmserve sim: {model_name}", docs_url=None, redoc_url=None, openapi_url=None)
+    engine_id = uuid.uuid4().hex
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_, exc: OpenAIError):
@@ -189,7 +192,18 @@ def build_sim_openai_app(engine, model_name: str, max_model_len: int, metrics: S
         hashes = prefix_hashes(req, cfg.hash_block_tokens) if cfg.enable_prefix_caching else ()
         timer = metrics.request(time.monotonic(), plan.prompt_tokens) if metrics is not None else None
         adapter = None if req.model == model_name else req.model
-        tokens = _timed(engine.generate(reply.id, plan.prompt_tokens, plan.output_tokens, hashes, adapter), timer)
+        handoff = req.kv_transfer_params or {}
+        preloaded = 0
+        if handoff.get("do_remote_prefill") and kv_seconds is not None:
+            # The prompt's KV comes from the prefill replica: its transfer, then only the last
+            # prompt token is computed (as vLLM's connectors do).
+            preloaded = plan.prompt_tokens - 1
+            await asyncio.sleep(kv_seconds(preloaded) / engine.speedup)
+            if metrics is not None:
+                metrics.external_queries.inc(plan.prompt_tokens)
+                metrics.external_hits.inc(preloaded)
+        tokens = _timed(engine.generate(reply.id, plan.prompt_tokens, plan.output_tokens, hashes, adapter,
+                                        preloaded=preloaded), timer)
         # Wait for the first token before answering: errors then become 4xx/5xx, and the first
         # body byte (the ingress middleware's TTFT sample) is the first token, as with vLLM.
         try:
@@ -204,7 +218,12 @@ def build_sim_openai_app(engine, model_name: str, max_model_len: int, metrics: S
         n = 1 + sum([1 async for _ in tokens])
         if n < plan.output_tokens:
             raise OpenAIError(503, "the simulated engine stopped before the reply was complete")
-        return JSONResponse(reply.whole(n))
+        body = reply.whole(n)
+        if handoff.get("do_remote_decode") and kv_seconds is not None:  # the KV is kept for a decode replica
+            body["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
+                                          "remote_engine_id": engine_id, "remote_block_ids": [],
+                                          "remote_host": None, "remote_port": None}
+        return JSONResponse(body)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
@@ -298,7 +317,7 @@ class SimHttpServer:
         # must not be announced to the front door.
         await self.engine.wait_ready()
         app = build_sim_openai_app(self.engine, self.model.name, sc.engine.max_model_len, self.metrics,
-                                   tuple(a.name for a in self.model.adapters))
+                                   tuple(a.name for a in self.model.adapters), self._kv_seconds(sc))
         try:
             asgi = ReplicaMiddleware(app, self.budget, self.internal_token, self.counters, self.engine_stats,
                                      self.engine_metrics, self.awake, routes=routes, adapters=self._adapters(sc))
@@ -311,6 +330,13 @@ class SimHttpServer:
         log.info("serving simulated %s (%s on %s, %gx) on %s", self.model.name, self.model.sim.model_config_name, self.model.sim.gpu, self.model.sim.speedup,
                  self.url)
         return self.url
+
+    def _kv_seconds(self, sc) -> Callable[[int], float]:
+        """A prompt's KV crossing `sim.kv_link` from a prefill replica like this one (the pools'
+        TPs may differ; the transfer is costed at this replica's)."""
+        from hbmserve.capacity.perf.perf_model import kv_transfer_s
+
+        return lambda tokens: kv_transfer_s(sc.deployment, sc.deployment, tokens, self.model.sim.kv_link)
 
     def _adapters(self, sc) -> AdapterRegistry | None:
         """The registry a vLLM replica keeps, over an engine with no weights: registering is

@@ -27,7 +27,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hbmserve.deployments.ingress.relay import PrefillFailed, decode_body, prefill
+from hbmserve.deployments.ingress.two_phase import PrefillFailed, prefill, with_handoff
 from tests.integration.conftest import stop_process
 
 pytestmark = pytest.mark.integration
@@ -95,11 +95,11 @@ async def _scenario(prefill_url: str, decode_url: str) -> dict:
         aggregated = await _text(session, prefill_url, json.dumps(body).encode(), stream=False)
         before = await _loaded_tokens(session, decode_url)
         params = await prefill(session, prefill_url + "/v1/completions", HEADERS, body, 120)
-        whole = await _text(session, decode_url, decode_body(body, params), stream=False)
+        whole = await _text(session, decode_url, with_handoff(json.dumps(body).encode(), params), stream=False)
         loaded = await _loaded_tokens(session, decode_url) - before
         streamed_body = {**body, "stream": True}
         await prefill(session, prefill_url + "/v1/completions", HEADERS, streamed_body, 120)
-        streamed = await _text(session, decode_url, decode_body(streamed_body, params), stream=True)
+        streamed = await _text(session, decode_url, with_handoff(json.dumps(streamed_body).encode(), params), stream=True)
         with pytest.raises(PrefillFailed, match="prefill answered 404"):
             await prefill(session, prefill_url + "/v1/completions", HEADERS, {**body, "model": "nope"}, 120)
     return {"aggregated": aggregated, "whole": whole, "streamed": streamed, "loaded": loaded}

@@ -11,8 +11,8 @@ import pytest
 from hbmserve.cluster.status_figures import latency_vs_slo, status_roles, usd_per_hour
 from hbmserve.core.records import DecisionRecord, Histogram, ReplicaInfo, ReplicaRoles
 from hbmserve.core.scaling import ReplicaState, Tier
-from hbmserve.deployments.ingress import gpu_metrics
-from hbmserve.deployments.ingress.gpu_metrics import GpuCollector
+from hbmserve.deployments.ingress import door_metrics as gpu_metrics
+from hbmserve.deployments.ingress.door_metrics import GpuCollector
 from tests.unit.placement.io.test_placement_nvml_discovery import FakeNvml, _parsed as shape
 
 GIB = 1024**3

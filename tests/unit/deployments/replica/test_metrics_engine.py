@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hbmserve.core.histogram import from_buckets, merge, quantile
 from hbmserve.core.records import Histogram
 from hbmserve.deployments.ingress.door_metrics import merge_families
-from hbmserve.deployments.wire.engine_metrics import (ENGINE_FAMILIES, TPOT, TTFT, exposition, histogram_of,
+from hbmserve.deployments.wire.engine_metrics import (CONNECTOR_FAMILIES, ENGINE_FAMILIES, TPOT, TTFT, exposition, histogram_of,
                                                  parse_engine_text, relabel)
 from hbmserve.deployments.replica.sim_metrics import TTFT_BUCKETS, GaugeStats, SimEngineMetrics
 
@@ -28,7 +28,8 @@ def test_the_sim_engine_exports_every_family_vllm_does_under_its_names():
         timer.token(at)
     timer.finish()
     families = m.families()
-    assert {f.name for f in families} == set(ENGINE_FAMILIES)
+    # The connector's families too: every simulated engine can take a prefill replica's KV.
+    assert {f.name for f in families} == set(ENGINE_FAMILIES) | set(CONNECTOR_FAMILIES)
     ttft = histogram_of(families, TTFT)
     assert ttft.count == 1 and ttft.sum == pytest.approx(0.3)
     tpot = histogram_of(families, TPOT)
@@ -60,7 +61,7 @@ def test_relabel_renames_every_sample_and_swaps_model_name_for_model_and_replica
     assert "_created" in text  # prometheus_client's start times travel, and are dropped below
     parsed = parse_engine_text(text)
     out = relabel(parsed, "llama", "replica-1")
-    assert {f.name for f in out} == set(ENGINE_FAMILIES.values())
+    assert {f.name for f in out} == set(ENGINE_FAMILIES.values()) | set(CONNECTOR_FAMILIES.values())
     for f in out:
         for s in f.samples:
             assert s.name.startswith(f.name) and not s.name.endswith("_created")
@@ -75,7 +76,7 @@ def test_two_replicas_make_one_family_each_with_both_replicas_samples():
     a, b = sim_metrics(), sim_metrics()
     families = relabel(a.families(), "llama", "a") + relabel(b.families(), "llama", "b")
     merged = merge_families(families)
-    assert len(merged) == len(ENGINE_FAMILIES)
+    assert len(merged) == len(ENGINE_FAMILIES) + len(CONNECTOR_FAMILIES)
     text = exposition(merged).decode()
     assert text.count("# TYPE hbmserve_time_to_first_token_seconds histogram") == 1
     assert 'replica="a"' in text and 'replica="b"' in text
