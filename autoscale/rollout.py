@@ -144,7 +144,7 @@ class DeployChanges:
 
     full_reason: str | None  # why everything redeploys (the front doors restart); None: only models changed
     roll: tuple[str, ...] = ()  # models rolled replica by replica
-    in_place: tuple[str, ...] = ()  # changed autoscaled models: Serve updates their replicas in place
+    in_place: tuple[str, ...] = ()  # changed autoscaled or disaggregated models: Serve updates them in place
     unchanged: tuple[str, ...] = ()
 
 
@@ -166,8 +166,8 @@ def deploy_changes(old: ClusterSpec, new: ClusterSpec) -> DeployChanges:
             unchanged.append(n.name)
         elif old.plans_placement(o) or new.plans_placement(n):
             return DeployChanges(f"model {n.name} is placed by the planner, whose plan covers every model")
-        elif o.autoscaling is None and n.autoscaling is None:
+        elif all(m.autoscaling is None and m.disaggregation is None for m in (o, n)):
             roll.append(n.name)
-        else:
+        else:  # the policy's replicas, or a disaggregated model's two pools: Serve updates them
             in_place.append(n.name)
     return DeployChanges(None, tuple(roll), tuple(in_place), tuple(unchanged))

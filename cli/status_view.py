@@ -30,6 +30,9 @@ def print_models(out: Console, models) -> None:
             out.print(f"[bold]{m.name}[/] front doors: {sum(x.accepted for x in t)} accepted, "
                       f"{sum(x.rejected for x in t)} refused, {sum(x.queued for x in t)} queued now; "
                       f"replicas reached: {' / '.join(str(x.routable) for x in t)}", highlight=False)
+        pools_line = _pools_line(m.traffic or ())
+        if pools_line:
+            out.print(f"[bold]{m.name}[/] {pools_line}", highlight=False, soft_wrap=True)
         adapter_line = _adapter_line(m)
         if adapter_line:
             out.print(f"[bold]{m.name}[/] {adapter_line}", highlight=False, soft_wrap=True)
@@ -44,6 +47,24 @@ def print_models(out: Console, models) -> None:
                 if not p.placement_verified:
                     out.print(f"  [yellow]{p.reason}[/] (expected extra all-reduce "
                               f"{p.expected_extra_allreduce_us} us)", highlight=False)
+
+
+def _pools_line(traffic) -> str | None:
+    """A disaggregated model's pools as the front doors reach them, and how its requests ran."""
+    doors = [t for t in traffic if t.prefill_routable is not None]
+    if not doors:
+        return None
+    runs: dict[str, int] = {}
+    for t in doors:
+        for outcome, n in t.two_phase:
+            runs[outcome] = runs.get(outcome, 0) + n
+    aggregated = {k.removeprefix("aggregated_").replace("_", " "): n for k, n in runs.items()
+                  if k.startswith("aggregated_")}
+    whole = (f"{sum(aggregated.values())} aggregated ({', '.join(f'{k}: {n}' for k, n in sorted(aggregated.items()))})"
+             if aggregated else "0 aggregated")
+    return (f"pools: prefill {' / '.join(str(t.prefill_routable) for t in doors)}, decode "
+            f"{' / '.join(str(t.routable) for t in doors)} replicas reached; requests: {runs.get('two_phase', 0)} "
+            f"in two phases, {whole}, {runs.get('prefill_failed', 0)} prefills tried again")
 
 
 def role_note(r) -> str:

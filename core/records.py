@@ -380,6 +380,10 @@ class ModelTraffic(Record):
     migration_failed: int = 0  # broken streams that could not go on (limit spent, not resumable)
     kv: KvRouting | None = None  # set where the model's engines publish KV events
     adapters: tuple[AdapterTraffic, ...] = ()  # its LoRA adapters
+    # A disaggregated model (issue 23): `routable` counts its decode pool, this its prefill pool;
+    # and its requests by how they ran (deployments/ingress/two_phase.py outcomes).
+    prefill_routable: int | None = None
+    two_phase: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ import hashlib
 
 from hbmserve.deployments.apps.options import model_options
 from hbmserve.core.config import ClusterSpec, ModelSpec
+from hbmserve.core.disagg_spec import Role
 from hbmserve.core.engine_settings import EngineKind
 from hbmserve.deployments.replica.engine_replica import ENGINE_SERVERS, EngineReplica
 
@@ -41,17 +42,28 @@ def _sim_scenario_problems(spec: ClusterSpec) -> list[str]:
 
 
 def build_model_app(spec: ClusterSpec, model: ModelSpec, internal_token: str, replicas: int | None = None):
-    """The model's Serve application: its engine deployment. A model that may scale to zero
-    needs nothing more: the front door holds its requests while no replica is active.
-    `replicas` overrides a fixed model's count alone (a rollout's step), so that Serve sees a
-    lightweight change and restarts no replica."""
+    """The model's Serve application: its engine deployment, or a disaggregated model's two, one
+    per pool (the decode pool's binds the prefill pool's, so that Serve deploys both). A model
+    that may scale to zero needs nothing more: the front door holds its requests while no
+    replica is active. `replicas` overrides a fixed model's count alone (a rollout's step), so
+    that Serve sees a lightweight change and restarts no replica."""
+    if model.disaggregation is not None:
+        prefill = _engine_deployment(spec, model.pool(Role.PREFILL), internal_token, None, Role.PREFILL)
+        return _engine_deployment(spec, model.pool(Role.DECODE), internal_token, None, Role.DECODE, prefill)
+    return _engine_deployment(spec, model, internal_token, replicas)
+
+
+def _engine_deployment(spec: ClusterSpec, model: ModelSpec, internal_token: str, replicas: int | None,
+                       role: Role | None = None, *peers):
     from ray import serve
 
-    kwargs = model_options(model).serve_kwargs()
+    kwargs = model_options(model, role.value if role else None).serve_kwargs()
     deployment = serve.deployment(EngineReplica, **kwargs | ({} if replicas is None else {"num_replicas": replicas}))
     args = (model.model_dump_json(), spec.serve.http.host, internal_token, spec.cache.model_dump_json())
+    if role is not None:
+        args += (role.value,)
     # A version named by what the replicas are built from: without one, `serve.run` gives each
     # call a random version and restarts every replica even when only the count changed.
     # (`version` is an internal option of Serve's since the public argument was removed.)
     version = hashlib.sha256("\0".join(args).encode()).hexdigest()[:16]
-    return deployment.options(version=version, _internal=True).bind(*args)
+    return deployment.options(version=version, _internal=True).bind(*args, *peers)

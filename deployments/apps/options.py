@@ -60,12 +60,13 @@ def _engine(name: str, actor: dict[str, Any], **scaling: Any) -> DeploymentOptio
                              graceful_shutdown_timeout_s=ENGINE_SHUTDOWN_S, **scaling)
 
 
-def model_options(model: ModelSpec) -> DeploymentOptions:
+def model_options(model: ModelSpec, role: str | None = None) -> DeploymentOptions:
     """The engine deployment of an unplaced model: fixed `replicas`, or Serve autoscaling driven
-    by hbmserve's policy."""
+    by hbmserve's policy. `role`: `model` is that pool of a disaggregated model (ModelSpec.pool),
+    deployed under its own name and scaled on its own."""
     policy = live_policy(model)
     scaling = {"num_replicas": model.replicas} if policy is None else {"autoscaling_config": policy.serve_config()}
-    return _engine(engine_deployment_name(model), actor_options(model), **scaling,
+    return _engine(engine_deployment_name(model, role), actor_options(model), **scaling,
                    max_replicas_per_node=model.max_replicas_per_node or None)
 
 

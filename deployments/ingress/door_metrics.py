@@ -74,10 +74,12 @@ def merge_families(families: Iterable[Metric]) -> list[Metric]:
 def door_families(refusals: Refusals, queued: dict[str, int], local: Iterable[KnownReplica],
                   usd_per_replica_hour: dict[str, float | None], slos: Mapping[str, SLO],
                   migrations: Mapping[str, Mapping[str, int]] | None = None,
-                  kv: Mapping[str, KvDoorStats] | None = None) -> list[Metric]:
+                  kv: Mapping[str, KvDoorStats] | None = None,
+                  two_phase: Mapping[str, Mapping[str, int]] | None = None) -> list[Metric]:
     """The front door's own families (pure: tests call it with plain data). `migrations`:
     outcome ("resumed", "failed") -> model -> broken streams (migration.py). `kv`: model -> its
-    KV routing at this door (deployments/kv/door_kv.py)."""
+    KV routing at this door (deployments/kv/door_kv.py). `two_phase`: model -> outcome ->
+    requests of a disaggregated model (two_phase.py)."""
     refused = CounterMetricFamily("hbmserve_refusals", "Requests a front door answered with an error instead of "
                                   "serving, by OpenAI error code", labels=("model", "reason", "tenant"))
     for key, n in sorted(refusals.counts.items(), key=lambda kv: (kv[0].model, kv[0].reason, kv[0].tenant)):
@@ -102,7 +104,14 @@ def door_families(refusals: Refusals, queued: dict[str, int], local: Iterable[Kn
     for outcome, by_model in sorted((migrations or {}).items()):
         for model, n in sorted(by_model.items()):
             moved.add_metric((model, outcome), n)
-    return [refused, held, cost, slo, moved, *kv_families(kv or {})]
+    split = CounterMetricFamily("hbmserve_disagg_requests", "A disaggregated model's requests by how they ran: "
+                                "two_phase (prefilled, then decoded with the KV), prefill_failed (a prefill tried "
+                                "again elsewhere), aggregated_* (run whole on one replica, and why)",
+                                labels=("model", "outcome"))
+    for model, outcomes in sorted((two_phase or {}).items()):
+        for outcome, n in sorted(outcomes.items()):
+            split.add_metric((model, outcome), n)
+    return [refused, held, cost, slo, moved, split, *kv_families(kv or {})]
 
 
 def kv_families(kv: Mapping[str, KvDoorStats]) -> list[Metric]:
@@ -158,7 +167,7 @@ async def _replica_families(session, r: KnownReplica, token: str) -> list[Metric
     except (aiohttp.ClientError, asyncio.TimeoutError):
         log.debug("no metrics from replica %s of %s", r.endpoint.replica, r.endpoint.model)
         return []
-    return relabel(parse_engine_text(text), r.endpoint.model, r.endpoint.replica)
+    return relabel(parse_engine_text(text), r.endpoint.model, r.endpoint.replica, r.endpoint.role)
 
 
 def local_replicas(table: ReplicaTable, node_id: str) -> list[KnownReplica]:

@@ -158,7 +158,8 @@ class FrontDoor:
         local = local_replicas(self.table, self.node_id)
         own = door_families(self.app.refusals, {name: a.queued for name, a in self.admission.items()}, local,
                             self.prices, {m.name: m.slo for m in self.spec.models},
-                            {"resumed": self.app.migrated, "failed": self.app.migration_failed}, self.kv.reports())
+                            {"resumed": self.app.migrated, "failed": self.app.migration_failed}, self.kv.reports(),
+                            self.app.two_phase.outcomes)
         own += self.app.meter.families((r.endpoint.model, r.adapters) for r in local)
         return await node_metrics(self.session, self.app.token, local, own,
                                   self.gpus.collect if self.gpus is not None else None)
@@ -174,11 +175,19 @@ class FrontDoor:
                                     migration_failed=self.app.migration_failed.get(name, 0),
                                     kv=kv_routing(kv[name]) if name in kv else None,
                                     adapters=self.app.meter.traffic(name, (r.adapters for r in local
-                                                                           if r.endpoint.model == name)))
+                                                                           if r.endpoint.model == name)),
+                                    **self._pools_traffic(name))
                        for name, a in self.admission.items())
         return IngressInfo(node_id=self.node_id, url=self.url, own_url=self.own_url, auth=self.guard.enforced,
                            connections=self.server.connections,
                            rss_mib=round(psutil.Process().memory_info().rss / 2**20, 1), models=models)
+
+    def _pools_traffic(self, name: str) -> dict:
+        """A disaggregated model's prefill pool and two-phase outcomes, for ModelTraffic."""
+        if self.spec.model(name).disaggregation is None:
+            return {}
+        return {"prefill_routable": self.table.routable(name, "prefill"),
+                "two_phase": tuple(sorted(self.app.two_phase.outcomes.get(name, {}).items()))}
 
     async def info(self) -> dict:
         return info_reply(self._info())

@@ -85,7 +85,11 @@ class EngineReplica:
     """A Serve replica that owns one engine and its private HTTP server, and announces the
     server's URL (records_store.publish_endpoint) for as long as it lives."""
 
-    async def __init__(self, model_json: str, host: str, internal_token: str, cache_json: str | None = None):
+    async def __init__(self, model_json: str, host: str, internal_token: str, cache_json: str | None = None,
+                       role: str | None = None, *peers):
+        """`role`: the pool of a disaggregated model it serves (the model is then that pool's,
+        ModelSpec.pool); `peers`: other deployments of its application, bound so that Serve
+        deploys them with it (deployments/apps/model_app.py), never called."""
         import ray
         from ray import serve
 
@@ -106,7 +110,7 @@ class EngineReplica:
         self.endpoint = ReplicaEndpoint(app=ctx.app_name, deployment=ctx.deployment,
                                         replica=ctx.replica_id.unique_id, model=self.model.name, url=self.url,
                                         node_id=ray.get_runtime_context().get_node_id(), at=time.time(),
-                                        placement=self._placement(), kv_events=self.server.kv_events)
+                                        placement=self._placement(), kv_events=self.server.kv_events, role=role)
         await asyncio.to_thread(publish_endpoint, self.endpoint)
         loop = asyncio.get_running_loop()
         self._announce = loop.create_task(self._renew_endpoint())

@@ -79,8 +79,9 @@ def parse_engine_text(text: str) -> list[Metric]:
     return [m for m in text_string_to_metric_families(text) if m.name in EXPORTED]
 
 
-def relabel(families: Iterable[Metric], model: str, replica: str) -> list[Metric]:
-    """Each family under its hbmserve name, `model_name` replaced by `model`, with `replica`."""
+def relabel(families: Iterable[Metric], model: str, replica: str, pool: str | None = None) -> list[Metric]:
+    """Each family under its hbmserve name, `model_name` replaced by `model`, with `replica`;
+    and `pool` (prefill, decode) for a replica of a disaggregated model."""
     out = []
     for family in families:
         new = EXPORTED[family.name]
@@ -89,6 +90,8 @@ def relabel(families: Iterable[Metric], model: str, replica: str) -> list[Metric
             if s.name.endswith("_created"):
                 continue
             labels = {k: v for k, v in s.labels.items() if k != "model_name"} | {"model": model, "replica": replica}
+            if pool is not None:
+                labels["pool"] = pool
             renamed.add_sample(new + s.name[len(family.name):], labels, s.value, s.timestamp, s.exemplar)
         out.append(renamed)
     return out

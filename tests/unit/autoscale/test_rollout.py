@@ -156,6 +156,9 @@ def test_only_changed_model_sections_roll_and_the_rest_stays():
     assert both == DeployChanges(None, ("a",), ("b",), ())
     # The rollout's own knobs roll nothing and restart nothing.
     assert deploy_changes(old, _spec(**{"serve.rollout.max_surge": 1})).full_reason is None
+    # A model made disaggregated (two pools, no one replica count to step): Serve updates it in place.
+    split = _spec(**{"models.0.replicas": 1, "models.0.disaggregation": {"connector": "sim", "decode": {"replicas": 2}}})
+    assert deploy_changes(old, split) == DeployChanges(None, (), ("a",), ("b",))
 
 
 def test_a_change_outside_the_models_or_to_their_set_redeploys_everything_and_says_why():

@@ -105,10 +105,10 @@ def test_status_json_keeps_its_shape(cli):
                      "retried": 0, "migrated": 0, "migration_failed": 0,
                      "kv": {"streams": 2, "hbm_blocks": 900, "host_blocks": 4000, "untrusted": 1, "max_lag_s": 0.05,
                             "batches": 300, "lost": 2, "hashed": 40, "hash_ms": 0.35},
-                     "adapters": [a.to_dict() for a in adapters(0)]},
+                     "adapters": [a.to_dict() for a in adapters(0)], "prefill_routable": None, "two_phase": []},
                     {"model": "sleepy", "accepted": 4, "rejected": 0, "in_flight": 0, "queued": 0, "routable": 1,
                      "retried": 0, "migrated": 0, "migration_failed": 0, "kv": None,
-                     "adapters": [a.to_dict() for a in adapters(1)]}],
+                     "adapters": [a.to_dict() for a in adapters(1)], "prefill_routable": None, "two_phase": []}],
         "latency": {"ttft_p95_s": 0.25, "tpot_p95_s": 0.15, "slo_ttft_p95_s": 2.0, "slo_tpot_p95_s": 0.1,
                     "requests": 40},
         "roles": {"starting": 1, "active": 1, "standby": 1, "draining": 0, "warm": 2},
@@ -160,3 +160,16 @@ def test_a_rollout_shows_in_status_with_its_last_step(cli, monkeypatch):
             "last: waiting for 1 new replica(s) to serve (4 s of 900 s)") in cli()
     (printed,) = json.loads(cli("--json"))["rollouts"]
     assert RolloutRecord.from_dict(printed) == record
+
+
+def test_a_disaggregated_models_pools_and_how_its_requests_ran_sum_over_the_doors():
+    from hbmserve.cli.status_view import _pools_line
+
+    doors = (ModelTraffic(model="split", accepted=9, rejected=0, in_flight=0, queued=0, routable=4,
+                          prefill_routable=2, two_phase=(("aggregated_no_decode", 1), ("prefill_failed", 2),
+                                                         ("two_phase", 5))),
+             ModelTraffic(model="split", accepted=3, rejected=0, in_flight=0, queued=0, routable=3,
+                          prefill_routable=1, two_phase=(("aggregated_decode_failed", 1), ("two_phase", 2))))
+    assert _pools_line(doors) == ("pools: prefill 2 / 1, decode 4 / 3 replicas reached; requests: 7 in two phases, "
+                                  "2 aggregated (decode failed: 1, no decode: 1), 2 prefills tried again")
+    assert _pools_line(doors[:0]) is None and _pools_line((models()[0].traffic[0],)) is None

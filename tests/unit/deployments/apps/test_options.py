@@ -90,3 +90,29 @@ def test_serve_config_builds_the_deployment_deploy_builds(tmp_path):
     assert a.name == b.name == "engine-m"
     assert a._deployment_config == b._deployment_config
     assert a.ray_actor_options == b.ray_actor_options
+
+
+def test_a_disaggregated_model_deploys_one_deployment_per_pool_each_as_its_pool_says(tmp_path):
+    """Both pools in the model's one application (the decode deployment binds the prefill one),
+    each named for its pool, scaled as its pool says, its replicas told their role; the
+    declarative builder (serve-config, the Helm chart) builds the same."""
+    from hbmserve.core.config import ModelSpec
+
+    spec = parse_cluster_spec({"models": [{
+        "name": "m", "source": "/m", "engine": "sim",
+        "disaggregation": {"connector": "sim", "prefill": {"replicas": 2},
+                           "decode": {"autoscaling": {"min_replicas": 1, "max_replicas": 4}}}}]})
+    token = tmp_path / "token"
+    token.write_text("t" * MIN_TOKEN_CHARS)
+    (entry, _door) = serve_config(spec, str(token))["applications"]
+    for app in (build_model_app(spec, spec.models[0], "t" * MIN_TOKEN_CHARS), model_app(entry["args"])):
+        decode = app._bound_deployment
+        args = decode.init_args
+        (prefill,) = [a._bound_deployment for a in args if hasattr(a, "_bound_deployment")]
+        assert (decode.name, prefill.name) == ("engine-m-decode", "engine-m-prefill")
+        assert prefill._deployment_config.num_replicas == 2 and prefill._deployment_config.autoscaling_config is None
+        scaling = decode._deployment_config.autoscaling_config
+        assert (scaling.min_replicas, scaling.max_replicas) == (1, 4)
+        assert (args[4], prefill.init_args[4]) == ("decode", "prefill")
+        pool = ModelSpec.model_validate_json(args[0])
+        assert pool.disaggregation is None and pool.autoscaling.max_replicas == 4

@@ -128,6 +128,20 @@ def test_streams_moved_mid_stream_are_counted_by_model_and_outcome():
     assert "hbmserve_door_migrations_total 1 [('model', 'm'), ('outcome', 'failed')]" in text
 
 
+def test_a_disaggregated_models_requests_are_counted_by_how_they_ran_and_its_replicas_by_pool():
+    from hbmserve.deployments.ingress.door_metrics import Refusals
+    from hbmserve.deployments.wire.engine_metrics import exposition, relabel
+    from tests.unit.deployments.replica.test_metrics_engine import sim_metrics
+
+    families = door_families(Refusals(), {}, [], {}, {}, None, None, {"m": {"two_phase": 5, "aggregated_no_decode": 1}})
+    got = samples(exposition(families).decode())
+    assert got[("hbmserve_disagg_requests_total", (("model", "m"), ("outcome", "two_phase")))] == 5
+    assert got[("hbmserve_disagg_requests_total", (("model", "m"), ("outcome", "aggregated_no_decode")))] == 1
+    engine = relabel(sim_metrics().families(), "m", "r1", "decode")
+    assert all(s.labels["pool"] == "decode" for f in engine for s in f.samples)
+    assert all("pool" not in s.labels for f in relabel(sim_metrics().families(), "m", "r1") for s in f.samples)
+
+
 def test_the_kv_index_of_each_model_is_exported_with_what_was_lost_and_what_hashing_cost():
     from hbmserve.deployments.ingress.door_metrics import Refusals
     from hbmserve.deployments.kv.door_kv import KvDoorStats
