@@ -32,7 +32,9 @@ def _sim_scenario_problems(spec: ClusterSpec) -> list[str]:
     from hbmserve.capacity.perf.scenario import ScenarioError, scenario_for
 
     catalog, problems = load_catalog(), []
-    for m in sims:
+    # A disaggregated model's replicas run its pools, each with its own parallelism and settings.
+    views = [v for m in sims for v in ([m] if m.disaggregation is None else [m.pool(r) for r in Role])]
+    for m in views:
         try:
             scenario_for(m, catalog)
         except (ScenarioError, ModelConfigError, CatalogError) as err:
