@@ -20,7 +20,7 @@ from pydantic_core import PydanticCustomError
 from hbmserve.core.autoscaling_spec import AutoscalingSpec
 from hbmserve.core.cache_spec import WeightCacheSpec
 from hbmserve.core.adapters import AdapterSpec, LoraSlots, adapter_problems
-from hbmserve.core.disagg_spec import DisaggregationSpec, Parallelism, Role, disaggregation_problems
+from hbmserve.core.disagg_spec import DisaggregationSpec, Parallelism, RayResources, Role, disaggregation_problems
 from hbmserve.core.engine_settings import EngineKind, EngineSettings, Strict as _Strict
 
 DEFAULT_CONFIG_NAME = "default_cluster.yaml"
@@ -83,6 +83,9 @@ class ModelSpec(_Strict):
     # At most this many replicas on one node (Serve's max_replicas_per_node): 1 spreads them, so
     # a lost node takes one replica, not all. Unset: Serve decides.
     max_replicas_per_node: Annotated[int, Field(ge=1)] | None = None
+    # Ray custom resources each replica asks for: pins the model to the nodes that offer them (a
+    # Helm chart's workerGroups[].rayResources), e.g. a disaggregated model's pools to their groups.
+    ray_resources: RayResources = Field(default_factory=dict)
     autoscaling: AutoscalingSpec | None = None
     slo: SLO = SLO()
     hardware: Hardware = Hardware()
@@ -112,7 +115,7 @@ class ModelSpec(_Strict):
         sim = self.sim.model_copy(update={"kv_link": self.disaggregation.connector.link or self.sim.kv_link})
         return self.model_copy(update={"replicas": p.replicas, "autoscaling": p.autoscaling, "parallelism": p.parallelism,
                                        "max_replicas_per_node": p.max_replicas_per_node, "engine_settings": settings,
-                                       "sim": sim, "disaggregation": None})
+                                       "ray_resources": p.ray_resources, "sim": sim, "disaggregation": None})
 
     def serving(self) -> ModelSpec:
         """What the replicas that stream the replies run as: the model, or its decode pool. The
@@ -292,6 +295,9 @@ class ClusterSpec(_Strict):
                     raise ValueError(f"models.{i}.adapters.{j}.tenants: an access list needs serve.auth (API keys "
                                      "name the tenant); set serve.auth or remove the list")
         for i, m in enumerate(self.models):
+            if m.ray_resources and self.plans_placement(m):
+                raise ValueError(f"models.{i}.ray_resources: the placement planner places this model's replicas "
+                                 "(topology); ray_resources pins models Serve places")
             if m.disaggregation is not None and self.plans_placement(m.pool(Role.PREFILL)):
                 raise ValueError(f"models.{i}.disaggregation: the placement planner does not place a disaggregated "
                                  "model's pools yet; without `topology` Serve places them (per pool: "

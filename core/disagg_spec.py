@@ -14,7 +14,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, JsonValue, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, JsonValue, field_validator
 
 from hbmserve.core.autoscaling_spec import AutoscalingSpec
 from hbmserve.core.engine_settings import EngineKind, EngineSettings, Strict
@@ -29,6 +29,17 @@ class Role(str, Enum):
 
     PREFILL = "prefill"
     DECODE = "decode"
+
+
+def _custom_resource(name: str) -> str:
+    if name in ("CPU", "GPU", "memory", "object_store_memory") or name.startswith("node:"):
+        raise ValueError(f"{name} is one of Ray's own resources; ray_resources names custom ones (the engine "
+                         "settles CPUs and GPUs)")
+    return name
+
+
+RayResources = dict[Annotated[str, Field(min_length=1), AfterValidator(_custom_resource)],
+                    Annotated[float, Field(gt=0)]]
 
 
 class Parallelism(Strict):
@@ -57,11 +68,6 @@ class ConnectorSpec(Strict):
     # GPU-to-GPU link, PCIe on GPUs without NVLink); unset: nvlink, both pools in one node.
     link: Literal["nvlink", "infiniband", "host"] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_kind(cls, data: Any) -> Any:
-        return {"kind": data} if isinstance(data, str) else data
-
     def vllm_config(self) -> dict[str, Any] | None:
         """vLLM's --kv-transfer-config for every replica of both pools (None: no vLLM). Both
         sides run kv_both: the door, not the engine, decides which phase a request runs there."""
@@ -81,6 +87,8 @@ class PoolSpec(Strict):
     autoscaling: AutoscalingSpec | None = None
     parallelism: Parallelism = Parallelism()
     max_replicas_per_node: Annotated[int, Field(ge=1)] | None = None
+    # Custom Ray resources each of its replicas asks for: the worker group (or nodes) it runs on.
+    ray_resources: RayResources = Field(default_factory=dict)
     engine_settings: EngineSettings | None = None  # unset: the model's
 
     @property
@@ -88,10 +96,24 @@ class PoolSpec(Strict):
         return self.replicas if self.autoscaling is None else self.autoscaling.max_replicas
 
 
+def _connector_shorthand(schema: dict[str, Any]) -> None:
+    """The JSON schema (the Helm chart's values.schema.json) takes the shorthand too."""
+    schema["properties"]["connector"] = {"anyOf": [schema["properties"]["connector"],
+                                                   {"enum": [k.value for k in ConnectorKind], "type": "string"}]}
+
+
 class DisaggregationSpec(Strict):
+    model_config = ConfigDict(**Strict.model_config, json_schema_extra=_connector_shorthand)
+
     prefill: PoolSpec = PoolSpec()
     decode: PoolSpec = PoolSpec()
+    # `connector: nixl` is short for `connector: {kind: nixl}`; read back, it is always the latter.
     connector: ConnectorSpec
+
+    @field_validator("connector", mode="before")
+    @classmethod
+    def _bare_kind(cls, value: Any) -> Any:
+        return {"kind": value} if isinstance(value, str) else value
 
     def of(self, role: Role) -> PoolSpec:
         return self.prefill if role is Role.PREFILL else self.decode
@@ -99,7 +121,8 @@ class DisaggregationSpec(Strict):
 
 # Per-model fields a disaggregated model sets per pool instead, with their defaults: a model
 # read back from JSON has every field set, so it is their values that tell.
-POOL_FIELDS = {"replicas": 1, "autoscaling": None, "parallelism": Parallelism(), "max_replicas_per_node": None}
+POOL_FIELDS = {"replicas": 1, "autoscaling": None, "parallelism": Parallelism(), "max_replicas_per_node": None,
+               "ray_resources": {}}
 # What must match between the pools: the KV crosses from one engine to the other as it is.
 _KV_LAYOUT = ("max_model_len", "dtype", "quantization")
 

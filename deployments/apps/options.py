@@ -20,7 +20,7 @@ from hbmserve.placement.io.ray_adapter import PlacementGroupSpec
 from hbmserve.deployments.replica.replica_http import DRAIN_TIMEOUT_S
 from hbmserve.deployments.wire.names import (FRONT_DOOR_DEPLOYMENT, WARM_TIER_DEPLOYMENT, engine_deployment_name,
                                  slot_deployment_name)
-from hbmserve.deployments.wire.resources import actor_holds_gpu, actor_options
+from hbmserve.deployments.wire.resources import actor_holds_gpu, actor_options, pinned_bundles
 
 ENGINE_HEALTH_CHECK_PERIOD_S = 10.0
 # An engine busy with a long prefill answers its health check late.
@@ -67,7 +67,7 @@ def model_options(model: ModelSpec, role: str | None = None) -> DeploymentOption
     policy = live_policy(model)
     scaling = {"num_replicas": model.replicas} if policy is None else {"autoscaling_config": policy.serve_config()}
     return _engine(engine_deployment_name(model, role), actor_options(model), **scaling,
-                   max_replicas_per_node=model.max_replicas_per_node or None)
+                   max_replicas_per_node=model.max_replicas_per_node or None, placement=pinned_bundles(model) or {})
 
 
 def slot_actor_options(model: ModelSpec, pg: PlacementGroupSpec) -> dict[str, Any]:

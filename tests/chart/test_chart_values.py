@@ -148,3 +148,26 @@ def test_the_grafana_dashboard_is_off_by_default_and_ships_ops_json_when_on(helm
     validate(config_map)
     relabelled = helm.template(values={"grafanaDashboard": {"enabled": True, "labels": {"dashboards": "hbm"}}})
     assert one(relabelled, "ConfigMap", "-grafana")["metadata"]["labels"]["dashboards"] == "hbm"
+
+
+def test_a_disaggregated_models_pools_run_on_their_own_worker_groups(helm, rendered):
+    """The example: each pool's ray_resources is what only its group offers; the serve config
+    deploys both pools of the model; a pool resource no group offers is refused naming it."""
+    from hbmserve.core.config import parse_cluster_spec
+
+    docs = rendered["h100-70b-disaggregated"]
+    service = one(docs, "RayService")
+    groups = {g["groupName"]: g for g in service["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    offered = {name: json.loads(json.loads(g["rayStartParams"]["resources"])) for name, g in groups.items()}
+    assert offered == {"prefill": {"hbmserve-prefill": 2}, "decode": {"hbmserve-decode": 1}}
+    assert (groups["decode"]["minReplicas"], groups["decode"]["maxReplicas"]) == (2, 4)
+    serve = yaml.safe_load(service["spec"]["serveConfigV2"])
+    (model_app,) = [a for a in serve["applications"] if a["args"].get("model")]
+    model = parse_cluster_spec(model_app["args"]["cluster"]).models[0]
+    assert model.disaggregation.prefill.ray_resources == {"hbmserve-prefill": 1}
+    assert model.disaggregation.decode.ray_resources == {"hbmserve-decode": 1}
+    values = yaml.safe_load((ROOT / "helm" / "examples" / "h100-70b-disaggregated.yaml").read_text())
+    values["cluster"]["models"][0]["disaggregation"]["decode"]["ray_resources"] = {"hbmserve-decoder": 1}
+    with pytest.raises(HelmFailed, match=re.escape("cluster.models[0].disaggregation.decode.ray_resources: "
+                                                   "hbmserve-decoder is on no worker group")):
+        helm.template(values=values)

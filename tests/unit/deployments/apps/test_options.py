@@ -116,3 +116,32 @@ def test_a_disaggregated_model_deploys_one_deployment_per_pool_each_as_its_pool_
         assert (args[4], prefill.init_args[4]) == ("decode", "prefill")
         pool = ModelSpec.model_validate_json(args[0])
         assert pool.disaggregation is None and pool.autoscaling.max_replicas == 4
+
+
+def test_ray_resources_pin_a_pools_replicas_and_every_rank_of_a_multi_gpu_engine():
+    from hbmserve.core.disagg_spec import Role
+    from hbmserve.deployments.wire.resources import replica_shape
+
+    spec = parse_cluster_spec({"models": [{
+        "name": "m", "source": "/m", "engine": "vllm-gpu",
+        "disaggregation": {"connector": "nixl", "prefill": {"parallelism": {"tp": 4}, "ray_resources": {"p": 1}},
+                           "decode": {"ray_resources": {"d": 1}}}}]})
+    prefill, decode = (spec.models[0].pool(r) for r in Role)
+    # One GPU: the actor holds it, and the resource.
+    one = model_options(decode, "decode").serve_kwargs()
+    assert one["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1, "resources": {"d": 1.0}}
+    assert "placement_group_bundles" not in one and replica_shape(decode) == ({"CPU": 1.0, "GPU": 1.0, "d": 1.0},)
+    # TP=4: vLLM's ranks go in the replica's placement group, on one node that offers the resource.
+    four = model_options(prefill, "prefill").serve_kwargs()
+    assert "resources" not in four["ray_actor_options"] and four["placement_group_strategy"] == "STRICT_PACK"
+    assert four["placement_group_bundles"] == [{"CPU": 1.0, "GPU": 1.0, "p": 0.25}] + [{"GPU": 1.0, "p": 0.25}] * 3
+    assert replica_shape(prefill) == tuple(four["placement_group_bundles"])
+
+
+def test_ray_resources_are_custom_ones_and_not_for_planned_models():
+    from hbmserve.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="models.0.ray_resources.GPU: Value error, GPU is one of Ray's own"):
+        parse_cluster_spec({"models": [{"name": "m", "source": "/m", "engine": "sim", "ray_resources": {"GPU": 1}}]})
+    with pytest.raises(ConfigError, match="models.0.ray_resources: the placement planner places"):
+        _spec(ray_resources={"a": 1})
