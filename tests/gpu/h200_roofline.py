@@ -35,14 +35,17 @@ SHAPE_SMOKE = dict(layers=2, hidden=256, inter=512, heads=4, kv_heads=2, head_di
 
 
 def load_capacity():
-    """Import capacity/perf/ by path as package `hbmcap` (the repo need not be pip-installed here)."""
-    spec = importlib.util.spec_from_file_location("hbmcap", ROOT / "capacity" / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT / "capacity")])
-    pkg = importlib.util.module_from_spec(spec)
-    sys.modules["hbmcap"] = pkg
-    spec.loader.exec_module(pkg)
-    return (importlib.import_module("hbmcap.hardware"), importlib.import_module("hbmcap.model_shape"),
-            importlib.import_module("hbmcap.perf_model"))
+    """capacity/perf/'s catalog, shapes and cost model, importing the checkout as package `hbmserve`
+    (the repo need not be pip-installed here: its root is the package)."""
+    if "hbmserve" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("hbmserve", ROOT / "__init__.py",
+                                                      submodule_search_locations=[str(ROOT)])
+        pkg = importlib.util.module_from_spec(spec)
+        sys.modules["hbmserve"] = pkg
+        spec.loader.exec_module(pkg)
+    return (importlib.import_module("hbmserve.capacity.perf.hardware"),
+            importlib.import_module("hbmserve.capacity.perf.model_shape"),
+            importlib.import_module("hbmserve.capacity.perf.perf_model"))
 
 
 def timed(fn, dev: str, iters: int, warmup: int = 2) -> float:
@@ -177,8 +180,8 @@ def main() -> int:
     print(f"BF16 matmul: {out['bf16_matmul_tflops']:.1f} TFLOP/s   copy bandwidth: {out['hbm_copy_gbps']:.0f} GB/s")
     try:
         hw, ms, pm = load_capacity()
-        gpu = hw.load_catalog(ROOT / "capacity" / "data" / "hardware.yaml")[args.gpu_profile]
-        m = ms.load_model_shape(ROOT / "capacity" / "data" / "models" / "llama-3.1-8b.json")
+        gpu = hw.load_catalog()[args.gpu_profile]
+        m = ms.load_model_shape("llama-3.1-8b")
         if args.smoke:
             m = ms.ModelShape("smoke", shape["layers"], shape["hidden"], shape["inter"], shape["heads"],
                               shape["kv_heads"], shape["head_dim"], shape["vocab"])
