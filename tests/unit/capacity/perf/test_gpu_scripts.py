@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-GPU_SCRIPTS = Path(__file__).resolve().parents[1] / "gpu"
+GPU_SCRIPTS = Path(__file__).resolve().parents[3] / "gpu"
 
 
 @pytest.mark.parametrize("script, rows", [("h200_roofline", "rows"), ("disagg_interference", "mixed")])
