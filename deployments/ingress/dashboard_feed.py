@@ -32,6 +32,7 @@ from hbmserve.deployments.ingress.dashboard import (HISTORY, ClientLatency, Dash
                                                  ModelInputs, ModelKvIndex, ReplicaView, build_sample, build_snapshot)
 from hbmserve.deployments.kv.door_kv import kv_routing
 from hbmserve.deployments.wire.http import openai_error, request_lengths
+from hbmserve.deployments.wire.names import engine_pools, pool_prices
 from hbmserve.capacity.perf.scenario import replica_usd_per_hour
 
 LATENCY_WINDOW_S = 30.0  # p95 over the replies finished in the last 30 s
@@ -160,7 +161,7 @@ class DashboardFeed:
         self.spec, self.table, self.admission, self.door_of = spec, table, admission, door_of
         self.windows = {m.name: ReplyWindow() for m in spec.models}
         self.ring = SampleRing()
-        self.prices = {m.name: replica_usd_per_hour(m) for m in spec.models}
+        self.prices = pool_prices(spec.models, replica_usd_per_hour)
         self.topology = _topology(spec)
         self.decisions: dict[str, DecisionRecord | None] = {}
         self.logs: dict[str, tuple[DecisionRecord, ...]] = {}
@@ -175,31 +176,44 @@ class DashboardFeed:
     async def refresh(self) -> None:
         """Read the autoscaler's records (blocking KV reads, off the loop), then take a sample."""
         from hbmserve.deployments.wire.records_store import latest_decision, recent_decisions, rollouts
-        from hbmserve.deployments.wire.names import engine_deployment_name
 
         def read():
-            scaled = [m for m in self.spec.models if m.autoscaling is not None]
-            return ({m.name: latest_decision(m.name, engine_deployment_name(m)) for m in scaled},
-                    {m.name: recent_decisions(m.name, engine_deployment_name(m)) for m in scaled}, tuple(rollouts()))
+            scaled = [(row, model, deployment) for row, model, _, _, deployment in self._rows()
+                      if row.autoscaling is not None]
+            return ({row.name: latest_decision(model, deployment) for row, model, deployment in scaled},
+                    {row.name: recent_decisions(model, deployment) for row, model, deployment in scaled},
+                    tuple(rollouts()))
 
         self.decisions, self.logs, self.rollouts = await asyncio.to_thread(read)
         self.ring.push(build_sample(time.time(), self.inputs()))
 
+    def _rows(self):
+        """(the row as a model, the model's name, its pool_key, its pool or None, its engine
+        deployment): a row per model, or per pool of a disaggregated model ("m (prefill)")."""
+        for m in self.spec.models:
+            for key, (deployment, pool) in engine_pools(m).items():
+                role = key.partition("#")[2] or None
+                row = pool if role is None else pool.model_copy(update={"name": f"{m.name} ({role})"})
+                yield row, m.name, key, role, deployment
+
     def inputs(self) -> tuple[ModelInputs, ...]:
         now = time.monotonic()
         out = []
-        for m in self.spec.models:
+        for row, model, key, role, _ in self._rows():
             views = tuple(ReplicaView(replica=r.endpoint.replica, node_id=r.endpoint.node_id, reachable=r.reachable,
                                       waiting=r.waiting, running=r.running, kv_usage=r.kv_usage,
                                       placement=r.endpoint.placement, prompt_tokens=r.prompt_tokens,
                                       prefix_hit_tokens=r.prefix_hit_tokens)
-                          for r in self.table.replicas.get(m.name, {}).values())
+                          for r in self.table.replicas.get(model, {}).values() if r.endpoint.role == role)
+            # The client's replies (and the requests held for them) are the decode pool's.
+            replies = role in (None, "decode")
             out.append(ModelInputs(
-                model=m.name, ttft_slo_s=m.slo.ttft_p95_ms / 1000, tpot_slo_s=m.slo.tpot_p95_ms / 1000,
-                usd_per_replica_hour=self.prices[m.name],
-                fixed_replicas=m.replicas if m.autoscaling is None else None,
-                decision=self.decisions.get(m.name), replicas=views, held=self.admission[m.name].queued,
-                latency=self.windows[m.name].figures(now)))
+                model=row.name, ttft_slo_s=row.slo.ttft_p95_ms / 1000, tpot_slo_s=row.slo.tpot_p95_ms / 1000,
+                usd_per_replica_hour=self.prices.get(key),
+                fixed_replicas=row.replicas if row.autoscaling is None else None,
+                decision=self.decisions.get(row.name), replicas=views,
+                held=self.admission[model].queued if replies else 0,
+                latency=(self.windows[model] if replies else ReplyWindow()).figures(now)))
         return tuple(out)
 
     def snapshot(self) -> DashboardSnapshot:

@@ -31,6 +31,7 @@ from prometheus_client.metrics_core import Metric
 from hbmserve.core.config import SLO
 from hbmserve.deployments.wire.engine_metrics import METRICS_PATH, exposition, parse_engine_text, relabel
 from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
+from hbmserve.deployments.wire.names import pool_key
 from hbmserve.deployments.ingress.replica_table import KnownReplica, ReplicaTable
 from hbmserve.deployments.kv.door_kv import KvDoorStats
 from hbmserve.placement.io.nvml_discovery import load_pynvml
@@ -76,7 +77,8 @@ def door_families(refusals: Refusals, queued: dict[str, int], local: Iterable[Kn
                   migrations: Mapping[str, Mapping[str, int]] | None = None,
                   kv: Mapping[str, KvDoorStats] | None = None,
                   two_phase: Mapping[str, Mapping[str, int]] | None = None) -> list[Metric]:
-    """The front door's own families (pure: tests call it with plain data). `migrations`:
+    """The front door's own families (pure: tests call it with plain data). `usd_per_replica_hour`
+    is keyed by names.pool_key (a model, or one pool of a disaggregated model). `migrations`:
     outcome ("resumed", "failed") -> model -> broken streams (migration.py). `kv`: model -> its
     KV routing at this door (deployments/kv/door_kv.py). `two_phase`: model -> outcome ->
     requests of a disaggregated model (two_phase.py)."""
@@ -88,12 +90,16 @@ def door_families(refusals: Refusals, queued: dict[str, int], local: Iterable[Kn
                              "replica (scale from zero, bursts)", labels=("model",))
     for model, n in sorted(queued.items()):
         held.add_metric((model,), n)
-    replicas: Counter[str] = Counter(r.endpoint.model for r in local)
+    replicas: Counter[str] = Counter(pool_key(r.endpoint.model, r.endpoint.role) for r in local)
     cost = GaugeMetricFamily("hbmserve_cost_usd_per_hour", "Hourly price of the GPUs of this node's running "
                              "replicas (catalog or hardware.usd_per_gpu_hour)", labels=("model",))
-    for model, price in sorted(usd_per_replica_hour.items()):
+    by_model: dict[str, float] = {}
+    for key, price in usd_per_replica_hour.items():  # by pool_key: a disaggregated model's pools apart
         if price is not None:
-            cost.add_metric((model,), replicas[model] * price)
+            model = key.partition("#")[0]
+            by_model[model] = by_model.get(model, 0.0) + replicas[key] * price
+    for model, usd in sorted(by_model.items()):
+        cost.add_metric((model,), usd)
     slo = GaugeMetricFamily("hbmserve_slo_seconds", "The model's latency SLO from the cluster config: p95 "
                             "time to first token (ttft) and per output token (tpot)", labels=("model", "kind"))
     for model, s in sorted(slos.items()):

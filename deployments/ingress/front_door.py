@@ -38,7 +38,7 @@ from hbmserve.deployments.wire.hardened_http import HardenedServer, HttpLimits, 
 from hbmserve.deployments.wire.records_store import (RENEW_S, info_reply, latest_decision, latest_deployed, live_doors,
                                                      live_endpoints, publish_demand, publish_door, remove_door)
 from hbmserve.deployments.ingress.replica_table import POLL_S, ReplicaTable
-from hbmserve.deployments.wire.names import engine_pools
+from hbmserve.deployments.wire.names import engine_pools, pool_prices
 
 log = logging.getLogger("hbmserve.frontdoor")
 
@@ -72,7 +72,7 @@ class FrontDoor:
                                 info_of=lambda: info_reply(self._info()), metrics_of=self._metrics,
                                 dashboard=self.dashboard)
         self.node_id = ray.get_runtime_context().get_node_id()
-        self.prices = {m.name: replica_usd_per_hour(m) for m in self.spec.models}
+        self.prices = pool_prices(self.spec.models, replica_usd_per_hour)  # by pool: a pool's TP prices it
         self.gpus = GpuCollector.open()
         self.holder = f"{self.node_id[:12]}-{id(self):x}"
         self._demand: dict[str, bool] = {}  # model -> demand published nonzero last time
@@ -131,7 +131,7 @@ class FrontDoor:
         self.app.meter.update(spec)
         for m in spec.models:
             self.admission[m.name].model = m.serving()
-        self.prices = self.dashboard.prices = {m.name: replica_usd_per_hour(m) for m in spec.models}
+        self.prices = self.dashboard.prices = pool_prices(spec.models, replica_usd_per_hour)
         log.info("front door took the new section of %s", ", ".join(changed) or "no model")
 
     async def _reload_keys(self) -> None:

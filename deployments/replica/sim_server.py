@@ -246,6 +246,8 @@ async def _stream(reply: _Reply, first: int, tokens: AsyncIterator[int], include
             n += 1
             yield _sse(reply.chunk(i, reply.plan.finish_reason if i == last else None))
             if i == last:
+                async for _ in tokens:  # to the engine's end, where the request's TPOT and e2e are recorded
+                    pass
                 break
             try:
                 i = await anext(tokens)

@@ -47,3 +47,8 @@ def engine_pools(model: ModelSpec) -> dict[str, tuple[str, ModelSpec]]:
         return {model.name: (engine_deployment_name(model), model)}
     return {pool_key(model.name, role.value): (engine_deployment_name(model, role.value), model.pool(role))
             for role in Role}
+
+
+def pool_prices(models, price_of) -> dict[str, float | None]:
+    """pool_key -> one replica's hourly price (`price_of(the pool as a model)`), for every model."""
+    return {key: price_of(pool) for m in models for key, (_, pool) in engine_pools(m).items()}

@@ -10,7 +10,7 @@ cluster, judging each answer with `answer_problem`.
 Panels whose description starts with a mark read series that only some clusters have: GPU_ONLY,
 GPU nodes (NVML gauges, the placement check of planned GPU replicas); KV_EVENTS_ONLY, models
 whose engines publish KV events (the doors' KV index); ADAPTERS_ONLY, models that declare LoRA
-adapters. A cluster without them legitimately has
+adapters; DISAGG_ONLY, models served as prefill and decode pools. A cluster without them legitimately has
 no data there, and the live test skips exactly those panels when the series are absent, saying
 so.
 """
@@ -29,7 +29,8 @@ DASHBOARD = Path(__file__).with_name("hbmserve.json")
 GPU_ONLY = "GPU nodes only:"
 KV_EVENTS_ONLY = "KV events only:"
 ADAPTERS_ONLY = "LoRA adapters only:"
-MARKS = (GPU_ONLY, KV_EVENTS_ONLY, ADAPTERS_ONLY)
+DISAGG_ONLY = "Disaggregated models only:"
+MARKS = (GPU_ONLY, KV_EVENTS_ONLY, ADAPTERS_ONLY, DISAGG_ONLY)
 
 # $name, ${name} and ${name:format} (Grafana's variable syntax; [[name]] is deprecated and unused).
 _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")

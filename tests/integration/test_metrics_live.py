@@ -30,9 +30,10 @@ ADMIN = "metrics-admin-token-0123456789"
 PER_MINUTE = 4  # the tenant's request rate: the fifth and sixth requests are refused
 BODY = {"model": MODEL, "prompt": "count my tokens", "max_tokens": 16}
 ADAPTER = f"{MODEL}-lora"  # a LoRA adapter of the model: the adapter panels read its requests
+SPLIT = "llama-8b-split"  # a disaggregated model (a prefill and a decode replica): the pools' panels
 # The dashboard's queries as Grafana sends them with this cluster's model chosen; a rate window
 # of a minute holds the requests the fixture sends once Prometheus scrapes (every second).
-PANEL_QUERIES = panel_queries(load(), {"model": MODEL, "__rate_interval": "1m"}) + variable_queries(load())
+PANEL_QUERIES = panel_queries(load(), {"model": f"{MODEL}|{SPLIT}", "__rate_interval": "1m"}) + variable_queries(load())
 DATA_WAIT_S = 20  # Ray's metrics agent exports gauges every few seconds
 
 
@@ -57,6 +58,12 @@ models:
     adapters: [{{name: {ADAPTER}, source: /unused}}]
     slo: {{ttft_p95_ms: 2000, tpot_p95_ms: 100}}
     autoscaling: {{min_replicas: 1, max_replicas: 2, hot_standby: {{min: 1, max: 1}}, upscale_delay_s: 1}}
+  - name: {SPLIT}
+    source: simulated
+    engine: sim
+    engine_settings: {{max_model_len: 2048, max_num_seqs: 4}}
+    sim: {{gpu: h100-sxm, model_config_name: llama-3.1-8b, speedup: 10}}
+    disaggregation: {{prefill: {{replicas: 1}}, decode: {{replicas: 1}}, connector: sim}}
 """
     )
     with head(cfg, PORT) as running:
@@ -87,7 +94,7 @@ def test_hbmserve_series_reach_a_real_prometheus_and_status_reports_them(metered
     assert codes == [200] * PER_MINUTE + [429, 429], codes
     assert httpx.get(f"{metered}/metrics", timeout=10).status_code == 401  # deny by default
 
-    (model,) = printed["models"]
+    (model,) = [m for m in printed["models"] if m["name"] == MODEL]
     assert model["latency"]["requests"] == PER_MINUTE
     assert 0 < model["latency"]["ttft_p95_s"] and model["latency"]["slo_ttft_p95_s"] == 2.0
     assert model["latency"]["tpot_p95_s"] > 0 and model["latency"]["slo_tpot_p95_s"] == 0.1
@@ -126,7 +133,11 @@ def dashboard_data(metered, scraped):
     streamed = {**BODY, "model": ADAPTER, "stream": True}  # the adapter's TTFT is timed on streamed replies
     codes += [httpx.post(f"{metered}/v1/completions", json=streamed, headers=bulk, timeout=60).status_code
               for _ in range(2)]
-    assert codes == [200] * (n + 2), codes
+    split = {**BODY, "model": SPLIT, "prompt": "count my tokens " * 40, "stream": True}
+    codes += [httpx.post(f"{metered}/v1/completions", json=split, headers=bulk, timeout=60).status_code
+              for _ in range(3)]
+    assert codes == [200] * (n + 5), codes
+    prom.wait_for(f'sum(hbmserve_disagg_requests_total{{model="{SPLIT}", outcome="two_phase"}})', lambda v: v == 3, 30)
     prom.wait_for(f'sum(hbmserve_adapter_requests_total{{{m}, adapter="{ADAPTER}", code="200"}})', lambda v: v == 2, 30)
     seen = (before[0][1] if before else 0) + n + 2  # the adapter's requests ran on the model's engines
     after = prom.wait_for(f"sum(hbmserve_time_to_first_token_seconds_count{{{m}}})", lambda v: v == seen, 30)

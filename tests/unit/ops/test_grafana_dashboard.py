@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hbmserve.ops.grafana.queries import (ADAPTERS_ONLY, GPU_ONLY, KV_EVENTS_ONLY, PanelQuery, UnknownVariable, answer_problem, load,
+from hbmserve.ops.grafana.queries import (ADAPTERS_ONLY, DISAGG_ONLY, GPU_ONLY, KV_EVENTS_ONLY, PanelQuery, UnknownVariable, answer_problem, load,
                                           metric_families, panel_queries, panels, substitute, variable_queries)
 
 README = Path(__file__).resolve().parents[3] / "README.md"
@@ -134,11 +134,16 @@ def test_marks_name_exactly_the_panels_whose_series_only_some_clusters_have():
         read = set().union(*(metric_families(t["expr"]) for t in p["targets"]))
         for mark, series in ((GPU_ONLY, GPU_SERIES), (KV_EVENTS_ONLY, KV_SERIES), (ADAPTERS_ONLY, ADAPTER_SERIES)):
             assert p["description"].startswith(mark) == all(name.startswith(series) for name in read), p["title"]
+        # A disaggregated model's panels read its pools' series (`pool` set) or its two-phase counts.
+        pools = all("pool" in t["expr"] or "hbmserve_disagg_" in t["expr"] for t in p["targets"])
+        assert p["description"].startswith(DISAGG_ONLY) == pools, p["title"]
     marked = {q.panel: q.only for q in panel_queries(load(), VALUES) if q.only}
     assert marked == {"Placement verified": GPU_ONLY, "GPU utilisation": GPU_ONLY, "GPU memory used": GPU_ONLY,
                       "NVLink throughput": GPU_ONLY, "KV index: blocks and trust": KV_EVENTS_ONLY,
                       "KV events: lag and losses": KV_EVENTS_ONLY, "Adapter requests/s": ADAPTERS_ONLY,
-                      "Adapter p95 time to first token": ADAPTERS_ONLY, "Adapter loads and unloads/min": ADAPTERS_ONLY}
+                      "Adapter p95 time to first token": ADAPTERS_ONLY, "Adapter loads and unloads/min": ADAPTERS_ONLY,
+                      "Disaggregated requests/s by how they ran": DISAGG_ONLY,
+                      "KV loaded from the prefill pool": DISAGG_ONLY, "p95 TTFT and TPOT by pool": DISAGG_ONLY}
 
 
 def _vector(*values: str) -> dict:

@@ -186,3 +186,29 @@ def test_chat_and_completions_both_run_in_two_phases(path, body):
 
     status, reply, outcomes = run(go())
     assert status == 200 and reply["usage"]["completion_tokens"] == 5 and outcomes == {"two_phase": 1}
+
+
+def test_the_dashboard_shows_each_pool_as_its_own_row_and_the_cost_counts_each_pools_price():
+    from hbmserve.capacity.perf.scenario import replica_usd_per_hour
+    from hbmserve.deployments.ingress.dashboard_feed import DashboardFeed
+    from hbmserve.deployments.ingress.door_metrics import Refusals, door_families
+    from hbmserve.deployments.wire.engine_metrics import exposition
+    from hbmserve.deployments.wire.names import pool_prices
+    from tests.unit.deployments.ingress.test_metrics_door import samples
+
+    async def go():
+        async with Pools() as p:
+            feed = DashboardFeed(SPEC, p.table, p.app.admission, lambda: ("node", 1, False))
+            rows = {m.model: m for m in feed.inputs()}
+            prices = pool_prices(SPEC.models, replica_usd_per_hour)
+            cost = samples(exposition(door_families(Refusals(), {}, list(p.table.replicas["m"].values()), prices,
+                                                    {})).decode())
+            return rows, prices, cost
+
+    rows, prices, cost = run(go())
+    assert set(rows) == {"m (prefill)", "m (decode)"}
+    assert [len(rows[k].replicas) for k in ("m (prefill)", "m (decode)")] == [2, 2]
+    assert rows["m (prefill)"].fixed_replicas == rows["m (decode)"].fixed_replicas == 2
+    assert set(prices) == {"m#prefill", "m#decode"}
+    each = replica_usd_per_hour(SPEC.model("m").pool(Role.PREFILL))
+    assert cost[("hbmserve_cost_usd_per_hour", (("model", "m"),))] == pytest.approx(4 * each)

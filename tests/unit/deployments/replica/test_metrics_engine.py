@@ -133,3 +133,34 @@ def test_histograms_with_different_buckets_do_not_merge():
     with pytest.raises(ValueError, match="bounds differ"):
         merge([Histogram(bounds=(1.0,), cumulative=(1,), count=1), Histogram(bounds=(2.0,), cumulative=(1,), count=1)])
     assert merge([]) is None
+
+
+def test_a_streamed_reply_records_its_time_per_output_token_as_a_whole_one_does():
+    """The stream once stopped reading at its last token, so the request never finished in the
+    metrics: streamed replies had TTFT but no TPOT or e2e (found by the pools' Grafana panel)."""
+    import asyncio
+
+    import httpx
+
+    from hbmserve.core.config import parse_cluster_spec
+    from hbmserve.deployments.replica.engine_replica import replica_budget
+    from hbmserve.deployments.replica.sim_server import SimHttpServer
+
+    model = parse_cluster_spec({"models": [{"name": "m", "source": "sim", "engine": "sim",
+                                             "sim": {"speedup": 100.0}}]}).models[0]
+
+    async def go():
+        server = SimHttpServer(model, "127.0.0.1", replica_budget(model), "t")
+        url = await server.start()
+        async with httpx.AsyncClient(base_url=url, headers={"x-hbmserve-internal": "t"}) as client:
+            for stream in (True, False):
+                r = await client.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 5,
+                                                               "stream": stream})
+                assert r.status_code == 200
+        families = server.metrics.families()
+        await server.stop()
+        return families
+
+    families = asyncio.run(go())
+    assert histogram_of(families, TPOT).count == 2
+    assert histogram_of(families, "vllm:e2e_request_latency_seconds").count == 2
