@@ -137,3 +137,4 @@ def test_through_the_door_the_decode_replica_loads_the_prompts_kv_and_answers_as
     assert any(storage.iterdir()), "the prefill replica wrote the KV where the connector shares it"
     assert out["whole"] == out["aggregated"] and out["streamed"] == out["aggregated"], out
     assert len(out["aggregated"]) > 0
+    print(json.dumps({"kv_tokens_loaded": out["loaded"], "outcomes": out["outcomes"], "output": out["whole"][:60]}))
