@@ -173,6 +173,17 @@ class StepCostModel:
         compute = self.prefill_time(4096, 4096) * tokens / 4096
         return max(0.0, 1.0 - load / compute) if compute > 0 else 0.0
 
+    def prefill_tokens_per_s(self, prompt: float, budget: int) -> float:
+        """Prompt tokens per second one replica computes doing nothing but prefill (a
+        disaggregated prefill pool), at prompts of `prompt` tokens under a token budget: short
+        prompts packed whole into full-budget steps, a long one chunk by chunk."""
+        p = max(1, int(prompt))
+        if p >= budget:
+            return p / self.prefill_time(p, budget)
+        k = budget // p
+        n = k * p
+        return n / float(self.step_time(0, 0.0, n, k * p * (p + 1) / 2, n, k))
+
     def prefill_time(self, prompt: int, budget: int) -> float:
         """One sequence's prefill alone, chunked by the token budget."""
         total, done = 0.0, 0

@@ -103,3 +103,15 @@ def test_fp8_halves_weight_reads():
     bf16 = memory_fit(Deployment(m, H100, tp=4)).weights_per_rank_bytes
     fp8 = memory_fit(Deployment(m, H100, tp=4, quantization="fp8")).weights_per_rank_bytes
     assert 0.5 < fp8 / bf16 < 0.53
+
+
+def test_prefill_tokens_per_s_packs_short_prompts_and_chunks_long_ones():
+    cost = cost_model(Deployment(load_model_shape("llama-3.1-8b"), H100, tp=1))
+    short, long = cost.prefill_tokens_per_s(512, 8192), cost.prefill_tokens_per_s(32_768, 8192)
+    # 16 prompts of 512 in one 8,192-token step: exactly that step's rate.
+    step = float(cost.step_time(0, 0.0, 8192, 16 * 512 * 513 / 2, 8192, 16))
+    assert short == pytest.approx(8192 / step)
+    # A long prompt attends over its whole prefix chunk by chunk: fewer tokens per second.
+    assert long == pytest.approx(32_768 / cost.prefill_time(32_768, 8192)) and long < short
+    # Prefill is compute-bound: an 8B model on one H100 computes thousands of prompt tokens a second.
+    assert 5_000 < short < cost.roofline_tokens_per_s()
