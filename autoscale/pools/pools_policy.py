@@ -35,7 +35,7 @@ with their pool bounds at 0 (`pool_config`), and the reason says so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from hbmserve.autoscale.policy import PolicyState
@@ -77,6 +77,15 @@ class PoolsConfig:
             problems.append(f"kv_target is a share of the KV cache, at most 1, got {self.kv_target}")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, as Serve carries a policy's kwargs."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> PoolsConfig:
+        return cls(**{**values, "prefill": AutoscaleConfig.from_dict(values["prefill"]),
+                      "decode": AutoscaleConfig.from_dict(values["decode"])})
 
 
 def pool_config(config: AutoscaleConfig, *, decode: bool) -> AutoscaleConfig:

@@ -36,13 +36,13 @@ from typing import Any, Collection, Mapping
 
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.policy import PolicyState, decide
-from hbmserve.autoscale.roles import RolesState, age_order, assign_roles, current_active
+from hbmserve.autoscale.roles import RoleAssignment, RolesState, age_order, assign_roles, current_active
 from hbmserve.autoscale.slots import leaving
 from hbmserve.capacity.perf.length_capacity import CapacityTable, LengthStats
 from hbmserve.autoscale.warm_nodes import live_warm_target
 from hbmserve.core.records import DecisionRecord, IngressDemand, RecordError, WarmTierRecord
 from hbmserve.core.serve_context import PolicyContext
-from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot, Tier
+from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, Snapshot, Tier
 from hbmserve.deployments.wire.autoscaling_stats import (STAT_ARRIVAL_RPS, STAT_KV_USAGE, STAT_LENGTH_SAMPLES, STAT_LOAD_S,
                                              STAT_OUTPUT_TOKENS, STAT_PROMPT_TOKENS, STAT_RUNNING, STAT_TPOT_P95_S,
                                              STAT_TTFT_P95_S, STAT_WAITING, STAT_WAKE_S)
@@ -197,32 +197,49 @@ def decide_from_context(ctx: PolicyContext, config: AutoscaleConfig, demand: Ing
     prior = prior_state.get(POLICY_STATE_KEY)
     state = PolicyState.from_dict(prior) if prior else PolicyState()
     roles = RolesState.from_dict(prior_state.get(ROLES_KEY))
-    running = [replica_key(r) for r in ctx.running_replicas]
-    order = age_order(running, roles.order)
-    serving = current_active(order, roles.active)
-    snapshot = snapshot_from_context(ctx, config.look_back_s, serving, demand)
+    running, order, snapshot = pool_view(ctx, roles, config.look_back_s, demand)
     decision, state = decide(snapshot, config, state)
-    # Surplus actives are demoted least-loaded first (roles.scale_down_victims, as the
-    # simulator drains them); which replica Serve then stops is Serve's choice (see roles.py).
-    in_flight = {r.replica_id: r.waiting + r.running for r in snapshot.replicas}
     gone = leaving(slot_of, serve_target(decision.target_active, decision.target_standby)) if slot_of else frozenset()
-    assignment = assign_roles([r for r in running if r not in gone], order, roles.active,
-                              decision.target_active, in_flight)
+    assignment = roles_after(snapshot, [r for r in running if r not in gone], order, roles, decision.target_active)
     reason = decision.reason
     standby = dict(decision.target_standby)
     standby[Tier.WARM], why_not_warm = live_warm_target(
         standby.get(Tier.WARM, 0), ctx.deployment_name, warm_tier, snapshot.now, TTL_S)
     if why_not_warm:
         reason = f"{reason}; {why_not_warm}"
+    record = decision_record(snapshot, config, decision, standby, assignment, demand, reason)
+    # Serve keeps policy_state between calls and wants plain data: the record's JSON form.
+    policy_state = {**prior_state, POLICY_STATE_KEY: state.to_dict(), **roles_and_record(assignment, record)}
+    return record.serve_target, policy_state
+
+
+def pool_view(ctx: PolicyContext, roles: RolesState, look_back_s: float,
+              demand: IngressDemand | None) -> tuple[list[str], tuple[str, ...], Snapshot]:
+    """A deployment's running replicas, their age order (roles.py) and the policy's snapshot of
+    them, with the replicas `roles` left active serving."""
+    running = [replica_key(r) for r in ctx.running_replicas]
+    order = age_order(running, roles.order)
+    return running, order, snapshot_from_context(ctx, look_back_s, current_active(order, roles.active), demand)
+
+
+def roles_after(snapshot: Snapshot, running: Collection[str], order: tuple[str, ...], roles: RolesState,
+                target_active: int) -> RoleAssignment:
+    """Who serves after a decision for `target_active` actives among `running`. Surplus actives
+    are demoted least-loaded first (roles.scale_down_victims, as the simulator drains them);
+    which replica Serve then stops is Serve's choice (see roles.py)."""
+    in_flight = {r.replica_id: r.waiting + r.running for r in snapshot.replicas}
+    return assign_roles(running, order, roles.active, target_active, in_flight)
+
+
+def decision_record(snapshot: Snapshot, config: AutoscaleConfig, decision: ScaleDecision, standby: Mapping[Tier, int],
+                    assignment: RoleAssignment, demand: IngressDemand | None, reason: str) -> DecisionRecord:
+    """What a deployment's decision publishes: `reason` with the role changes after it."""
     if assignment.describe():
         reason = f"{reason}; {assignment.describe()}"
-    policy_state = dict(prior_state)
-    policy_state[POLICY_STATE_KEY] = state.to_dict()
-    policy_state[ROLES_KEY] = RolesState.of(assignment).to_dict()
-    record = DecisionRecord(
+    return DecisionRecord(
         at=snapshot.now,
         target_active=decision.target_active,
-        target_standby=standby,
+        target_standby=dict(standby),
         active_replicas=tuple(assignment.active),
         standby_replicas=tuple(assignment.standby),
         held_at_ingress=demand.held if demand else 0,
@@ -230,11 +247,13 @@ def decide_from_context(ctx: PolicyContext, config: AutoscaleConfig, demand: Ing
         startup_s=dict(config.startup_s),
         burst_hold=decision.burst_hold,
         reason=reason,
-        serve_target=serve_target(decision.target_active, decision.target_standby),
+        serve_target=serve_target(decision.target_active, standby),
     )
-    # Serve keeps policy_state between calls and wants plain data: the record's JSON form.
-    policy_state[DECISION_KEY] = record.to_dict()
-    return record.serve_target, policy_state
+
+
+def roles_and_record(assignment: RoleAssignment, record: DecisionRecord) -> dict[str, Any]:
+    """A deployment's roles and decision as its Serve policy_state keeps them (plain data)."""
+    return {ROLES_KEY: RolesState.of(assignment).to_dict(), DECISION_KEY: record.to_dict()}
 
 
 def decision_in(policy_state: dict[str, Any] | None) -> DecisionRecord | None:
@@ -274,15 +293,22 @@ class HbmServeAutoscalingPolicy:
         target, policy_state = decide_from_context(ctx, self.config, ingress_demand(app, deployment),
                                                    self.capacity, warm_tier, slot_of, self.promote_s)
         decision = decision_in(policy_state)
-        try:
-            previous = decision_in(ctx.policy_state)
-        except RecordError:  # left by another hbmserve version: only the log line depends on it
-            previous = None
-        changed = previous is None or _plan(previous) != _plan(decision)
-        if changed:
+        if publish_decision(self._decisions, app, deployment, decision, ctx.policy_state):
             self._log.info("hbmserve autoscale %s: serve replicas %d; %s", deployment, target,
                            decision.reason)
-        # The replicas follow `active_replicas` from this record: publish every tick, so a
-        # restarted replica or controller converges without waiting for a change.
-        self._decisions.publish(app, deployment, decision, changed=changed)
         return target, policy_state
+
+
+def publish_decision(log: DecisionLog, app: str | None, deployment: str, decision: DecisionRecord,
+                     prior_state: dict[str, Any] | None) -> bool:
+    """Publish `deployment`'s decision; True when it changed the plan of the decision left in
+    `prior_state` (then it joins the history, and the policy logs it). The replicas follow
+    `active_replicas` from this record: it is published every tick, so a restarted replica or
+    controller converges without waiting for a change."""
+    try:
+        previous = decision_in(prior_state)
+    except RecordError:  # left by another hbmserve version: only the log line depends on it
+        previous = None
+    changed = previous is None or _plan(previous) != _plan(decision)
+    log.publish(app, deployment, decision, changed=changed)
+    return changed

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ray.serve.config import AutoscalingContext
 
-from hbmserve.deployments.control import autoscaling, slot_autoscaling
+from hbmserve.deployments.control import autoscaling, pool_autoscaling, slot_autoscaling
 from hbmserve.deployments.control.slot_autoscaling import ModelContext, model_context
 from hbmserve.core.serve_context import POLICY_CONTEXT_MEMBERS, PolicyContext
 
@@ -34,7 +34,7 @@ def test_the_merged_slot_context_has_every_member():
 
 def test_the_adapters_read_no_other_member_of_a_context():
     read = set()
-    for module in (autoscaling, slot_autoscaling):
+    for module in (autoscaling, slot_autoscaling, pool_autoscaling):
         for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ctx":
                 read.add(node.attr)
