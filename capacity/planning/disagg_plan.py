@@ -40,7 +40,7 @@ from hbmserve.capacity.perf.slo_cap import MAX_SEQS, batch_cap, chunk_step_s
 from hbmserve.capacity.planning.confirm import meets
 from hbmserve.capacity.planning.planner import max_model_len_for
 from hbmserve.capacity.sim.cluster_sim import SimCluster, simulate
-from hbmserve.capacity.sim.disagg_sim import DisaggCluster, Pool, simulate_disagg
+from hbmserve.capacity.sim.pools.disagg_sim import DisaggCluster, Pool, simulate_disagg
 from hbmserve.capacity.sim.workload import workload_of
 from hbmserve.capacity.traces.arrivals import Arrivals
 from hbmserve.core.config import SloSeconds

@@ -19,7 +19,7 @@ from hbmserve.capacity.planning.confirm import meets
 from hbmserve.capacity.planning.disagg_plan import (AGGREGATED, PREFILL_BUDGET, SPLIT, TIE, ServingOption,
                                                     _fewest, _staircase, decode_seqs_cap, plan_disagg, pool_tps, rank)
 from hbmserve.capacity.planning.planner import max_model_len_for
-from hbmserve.capacity.sim.disagg_sim import DisaggCluster, Pool, simulate_disagg
+from hbmserve.capacity.sim.pools.disagg_sim import DisaggCluster, Pool, simulate_disagg
 from hbmserve.capacity.sim.workload import workload_of
 from hbmserve.capacity.perf.engine_core import EngineConfig
 from hbmserve.capacity.traces.arrivals import gamma_arrivals

@@ -11,7 +11,7 @@ from hbmserve.capacity.perf.hardware import get_gpu
 from hbmserve.capacity.perf.model_shape import load_model_shape
 from hbmserve.capacity.perf.perf_model import Deployment, cost_model, kv_transfer_s, memory_fit
 from hbmserve.capacity.sim.cluster_sim import SimCluster, simulate
-from hbmserve.capacity.sim.disagg_sim import DisaggCluster, Pool, simulate_disagg
+from hbmserve.capacity.sim.pools.disagg_sim import DisaggCluster, Pool, simulate_disagg
 from hbmserve.capacity.traces.arrivals import gamma_arrivals
 from hbmserve.core.config import SloSeconds
 
@@ -71,3 +71,41 @@ def test_splitting_keeps_tpot_under_a_strict_slo_where_one_fleet_mixing_long_pre
                                           "nvlink", slo), arr).summary
     assert split.tpot.p95 < 0.03 < agg.tpot.p95
     assert split.slo_attainment > agg.slo_attainment + 0.1
+
+
+def test_scaled_pools_start_late_bill_from_the_order_and_drain_without_loss():
+    from hbmserve.capacity.sim.pools.disagg_sim import PoolScaling, PoolTargets
+
+    arr = gamma_arrivals(2.0, 300, prompt_tokens=3000, output_tokens=100, seed=4)
+    seen = []
+
+    def scaler(view):
+        seen.append(view)
+        # Grow prefill to 3 at t=60 s, shrink both to 1 at t=200 s.
+        return PoolTargets(3 if 60 <= view.now < 200 else 1, 2 if view.now < 200 else 1)
+
+    spec = DisaggCluster(Pool(DEP70, engine(16384), 1), Pool(DEP70, engine(16384), 2), "nvlink")
+    r = simulate_disagg(spec, arr, scaling=PoolScaling(scaler, startup_s=30.0))
+    assert r.summary.finished == len(arr), "a drained replica finishes what it holds"
+    assert r.timeline[:3] == ((0.0, 1, 2), (60.0, 3, 2), (200.0, 1, 1))
+    # The two prefill replicas ordered at 60 s bill from 60 s and serve from 90 s.
+    starting = [v for v in seen if 60 < v.now < 90][0]
+    assert [x.state.value for x in starting.prefill.replicas].count("starting") == 2
+    served = [v for v in seen if 95 < v.now < 199][0]
+    assert [x.state.value for x in served.prefill.replicas] == ["active"] * 3
+    assert 1 * 300 + 2 * 140 <= r.prefill_replica_s <= 1 * 330 + 2 * 150, "two extra replicas from 60 s to about 200 s"
+    # The scaler sees the client's latencies, the prompt tokens arriving and the backlog.
+    late = seen[-1]
+    assert late.prefill.ttft_samples_s and late.decode.tpot_samples_s
+    assert 0 < max(v.prompt_tokens_rps for v in seen) < 3 * 3000 * 2.0
+    assert r.scale_actions == 3
+
+
+def test_a_pool_keeps_one_serving_replica_whatever_the_scaler_says():
+    from hbmserve.capacity.sim.pools.disagg_sim import PoolScaling, PoolTargets
+
+    arr = gamma_arrivals(1.0, 60, prompt_tokens=1000, output_tokens=20, seed=5)
+    spec = DisaggCluster(Pool(DEP70, engine(16384), 2), Pool(DEP70, engine(16384), 1), "nvlink")
+    r = simulate_disagg(spec, arr, scaling=PoolScaling(lambda view: PoolTargets(0, 0), startup_s=30.0))
+    assert r.summary.finished == len(arr)
+    assert r.timeline == ((0.0, 2, 1), (1.0, 1, 1))
