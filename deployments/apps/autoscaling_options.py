@@ -1,6 +1,7 @@
 """Serve autoscaling options for a model: the live policy's inputs and the AutoscalingConfig
-kwargs that run it, for an unplaced model (one deployment) and for a planned one (one slot
-deployment per planned replica). Part of the one options builder (options.py).
+kwargs that run it, for an unplaced model (one deployment), a planned one (one slot deployment
+per planned replica) and a disaggregated one whose pools both autoscale (one deployment per pool,
+one decision). Part of the one options builder (options.py).
 """
 
 from __future__ import annotations
@@ -10,16 +11,27 @@ from typing import Any
 
 from hbmserve.autoscale.policy_config import autoscale_config_for
 from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.autoscale.pools.pools_policy import PoolsConfig, pool_config
 from hbmserve.autoscale.slots import slot_min_replicas
 from hbmserve.capacity.perf.hardware import load_catalog
 from hbmserve.capacity.perf.length_capacity import CapacityTable, capacity_table
 from hbmserve.capacity.perf.perf_model import cost_model
-from hbmserve.capacity.perf.scenario import knobs_of, scenario_for, tpot_floor_s
+from hbmserve.capacity.perf.scenario import (NOMINAL_PROMPT_TOKENS, knobs_of, nominal_workload, scenario_for,
+                                             tpot_floor_s)
 from hbmserve.capacity.perf.startup_measured import startup_estimate, startup_inputs_for
 from hbmserve.deployments.control.autoscaling import POLICY_PATH, REPLICA_STATS_PUSH_S
+from hbmserve.deployments.control.pool_autoscaling import POOLS_POLICY_PATH
 from hbmserve.deployments.control.slot_autoscaling import SLOT_POLICY_PATH
+from hbmserve.deployments.wire.names import engine_deployment_name
 from hbmserve.core.config import ModelSpec
+from hbmserve.core.disagg_spec import Role
+from hbmserve.core.engine_settings import EngineKind
 from hbmserve.core.scaling import Tier
+
+# A prefill replica's prompt tokens per second where the capacity model does not know the pool's
+# GPU or shape: below what it gives one 8B model on an L4 or a 70B one on four H100s (about 14k
+# at 2,048-token prompts), so that an unknown pool is grown for its backlog early rather than late.
+DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
 
 
 def live_startup(model: ModelSpec) -> dict[Tier, float] | None:
@@ -124,3 +136,47 @@ def slot_autoscaling_configs(model: ModelSpec, slots: int, model_deployment: str
                                           "look_back_s": config.look_back_s,
                                           "leader": leader if k == 0 else None}}}
             for k in range(slots)]
+
+
+def live_prefill_rate(pool: ModelSpec) -> tuple[float, float]:
+    """(prompt tokens/s one replica of the prefill `pool` computes, the prompt mean it is figured
+    at): the capacity model's `prefill_tokens_per_s` under the pool's engine token budget, at the
+    nominal prompt the capacity checks judge (capacity/perf/scenario.py `nominal_workload`: no
+    config states a prompt mean); a simulated engine runs `sim.speedup` times that. Where the
+    capacity model does not know the GPU or shape: DEFAULT_PREFILL_TOKENS_PER_S at the nominal
+    prompt."""
+    try:
+        sc = scenario_for(pool, load_catalog())
+    except (ValueError, OSError):  # as live_capacity
+        return DEFAULT_PREFILL_TOKENS_PER_S, float(NOMINAL_PROMPT_TOKENS)
+    prompt = nominal_workload(sc).prompt_mean
+    rate = cost_model(sc.deployment).prefill_tokens_per_s(prompt, sc.engine.max_num_batched_tokens)
+    return rate * (pool.sim.speedup if pool.engine is EngineKind.SIM else 1.0), prompt
+
+
+def pools_autoscale(model: ModelSpec) -> bool:
+    """Whether `model` is disaggregated with both pools autoscaled: they then share one decision
+    (deployments/control/pool_autoscaling.py). With one pool fixed, the other runs the
+    per-deployment policy on its own signals: there is no second count to decide with it."""
+    return model.disaggregation is not None and all(model.disaggregation.of(r).autoscaling for r in Role)
+
+
+def pool_autoscaling_config(model: ModelSpec, role: Role) -> dict[str, Any]:
+    """Serve AutoscalingConfig kwargs for pool `role` of a disaggregated `model` whose pools both
+    autoscale (`pools_autoscale`): the pool's own bounds and Serve settings (`live_policy` of the
+    pool), running the two-pool policy. The decode pool's leads and carries the PoolsConfig: each
+    pool's config through `pool_config`, and the prefill pool's prompt-token rate
+    (`live_prefill_rate`); its prompt mean stands until the replicas report their own."""
+    if not pools_autoscale(model):
+        raise ValueError(f"models.{model.name}: only a disaggregated model whose pools both autoscale runs "
+                         "the two-pool policy")
+    policies = {r: live_policy(model.pool(r)) for r in ((role,) if role is Role.PREFILL else Role)}
+    own = policies[role]
+    kwargs: dict[str, Any] = {"prefill_deployment": engine_deployment_name(model, Role.PREFILL.value),
+                              "look_back_s": own.config.look_back_s}
+    if role is Role.DECODE:
+        rate, prompt = live_prefill_rate(model.pool(Role.PREFILL))
+        pools = PoolsConfig(prefill=pool_config(policies[Role.PREFILL].config, decode=False),
+                            decode=pool_config(own.config, decode=True), prefill_tokens_per_s=rate)
+        kwargs |= {"pools": pools.to_dict(), "prompt_mean_tokens": prompt}
+    return {**own.serve_config(), "policy": {"policy_function": POOLS_POLICY_PATH, "policy_kwargs": kwargs}}

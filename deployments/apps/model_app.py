@@ -50,18 +50,21 @@ def build_model_app(spec: ClusterSpec, model: ModelSpec, internal_token: str, re
     replica is active. `replicas` overrides a fixed model's count alone (a rollout's step), so
     that Serve sees a lightweight change and restarts no replica."""
     if model.disaggregation is not None:
-        prefill = _engine_deployment(spec, model.pool(Role.PREFILL), internal_token, None, Role.PREFILL)
-        return _engine_deployment(spec, model.pool(Role.DECODE), internal_token, None, Role.DECODE, prefill)
+        prefill = _engine_deployment(spec, model, internal_token, None, Role.PREFILL)
+        return _engine_deployment(spec, model, internal_token, None, Role.DECODE, prefill)
     return _engine_deployment(spec, model, internal_token, replicas)
 
 
 def _engine_deployment(spec: ClusterSpec, model: ModelSpec, internal_token: str, replicas: int | None,
                        role: Role | None = None, *peers):
+    """`role`: the deployment of that pool of the disaggregated `model`; its replicas run the
+    pool as a model (`ModelSpec.pool`)."""
     from ray import serve
 
     kwargs = model_options(model, role.value if role else None).serve_kwargs()
     deployment = serve.deployment(EngineReplica, **kwargs | ({} if replicas is None else {"num_replicas": replicas}))
-    args = (model.model_dump_json(), spec.serve.http.host, internal_token, spec.cache.model_dump_json())
+    pool = model if role is None else model.pool(role)
+    args = (pool.model_dump_json(), spec.serve.http.host, internal_token, spec.cache.model_dump_json())
     if role is not None:
         args += (role.value,)
     # A version named by what the replicas are built from: without one, `serve.run` gives each

@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hbmserve.deployments.apps.autoscaling_options import live_policy, slot_autoscaling_configs
+from hbmserve.deployments.apps.autoscaling_options import (live_policy, pool_autoscaling_config, pools_autoscale,
+                                                          slot_autoscaling_configs)
 from hbmserve.core.config import ModelSpec
+from hbmserve.core.disagg_spec import Role
 from hbmserve.placement.io.ray_adapter import PlacementGroupSpec
 from hbmserve.deployments.replica.replica_http import DRAIN_TIMEOUT_S
 from hbmserve.deployments.wire.names import (FRONT_DOOR_DEPLOYMENT, WARM_TIER_DEPLOYMENT, engine_deployment_name,
@@ -62,12 +64,19 @@ def _engine(name: str, actor: dict[str, Any], **scaling: Any) -> DeploymentOptio
 
 def model_options(model: ModelSpec, role: str | None = None) -> DeploymentOptions:
     """The engine deployment of an unplaced model: fixed `replicas`, or Serve autoscaling driven
-    by hbmserve's policy. `role`: `model` is that pool of a disaggregated model (ModelSpec.pool),
-    deployed under its own name and scaled on its own."""
-    policy = live_policy(model)
-    scaling = {"num_replicas": model.replicas} if policy is None else {"autoscaling_config": policy.serve_config()}
-    return _engine(engine_deployment_name(model, role), actor_options(model), **scaling,
-                   max_replicas_per_node=model.max_replicas_per_node or None, placement=pinned_bundles(model) or {})
+    by hbmserve's policy. `role`: the pool of the disaggregated `model` to deploy
+    (`ModelSpec.pool`), under its own name. When both pools autoscale, both run the two-pool
+    policy, one decision for the two (deployments/control/pool_autoscaling.py); when only one
+    does, it runs the per-deployment policy on its own signals, as an aggregated model's
+    deployment would (the fixed pool has no count to decide with it)."""
+    pool = model if role is None else model.pool(Role(role))
+    if role is not None and pools_autoscale(model):
+        scaling: dict[str, Any] = {"autoscaling_config": pool_autoscaling_config(model, Role(role))}
+    else:
+        policy = live_policy(pool)
+        scaling = {"num_replicas": pool.replicas} if policy is None else {"autoscaling_config": policy.serve_config()}
+    return _engine(engine_deployment_name(model, role), actor_options(pool), **scaling,
+                   max_replicas_per_node=pool.max_replicas_per_node or None, placement=pinned_bundles(pool) or {})
 
 
 def slot_actor_options(model: ModelSpec, pg: PlacementGroupSpec) -> dict[str, Any]:

@@ -126,13 +126,14 @@ def test_ray_resources_pin_a_pools_replicas_and_every_rank_of_a_multi_gpu_engine
         "name": "m", "source": "/m", "engine": "vllm-gpu",
         "disaggregation": {"connector": "nixl", "prefill": {"parallelism": {"tp": 4}, "ray_resources": {"p": 1}},
                            "decode": {"ray_resources": {"d": 1}}}}]})
-    prefill, decode = (spec.models[0].pool(r) for r in Role)
+    model = spec.models[0]
+    prefill, decode = (model.pool(r) for r in Role)
     # One GPU: the actor holds it, and the resource.
-    one = model_options(decode, "decode").serve_kwargs()
+    one = model_options(model, "decode").serve_kwargs()
     assert one["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1, "resources": {"d": 1.0}}
     assert "placement_group_bundles" not in one and replica_shape(decode) == ({"CPU": 1.0, "GPU": 1.0, "d": 1.0},)
     # TP=4: vLLM's ranks go in the replica's placement group, on one node that offers the resource.
-    four = model_options(prefill, "prefill").serve_kwargs()
+    four = model_options(model, "prefill").serve_kwargs()
     assert "resources" not in four["ray_actor_options"] and four["placement_group_strategy"] == "STRICT_PACK"
     assert four["placement_group_bundles"] == [{"CPU": 1.0, "GPU": 1.0, "p": 0.25}] + [{"GPU": 1.0, "p": 0.25}] * 3
     assert replica_shape(prefill) == tuple(four["placement_group_bundles"])
