@@ -115,7 +115,8 @@ class PoolsState:
 class PoolsDecision:
     prefill: ScaleDecision
     decode: ScaleDecision
-    reason: str  # the one reason: both actions first, then each pool's signals
+    reason: str  # the one reason: both actions first, then each pool's signals; each pool's
+    # ScaleDecision.reason is its own action, then this
 
 
 def backlog_need(backlog_tokens: int, active: int, tokens_rps: float, replica_tokens_s: float,
@@ -177,11 +178,11 @@ def decide_pools(snapshot: PoolsSnapshot, config: PoolsConfig,
     head = f"prefill {pre_out.action}; decode {dec_out.action}"
     if notes:
         head += " (" + "; ".join(notes) + ")"
-    decision = PoolsDecision(
-        prefill=_decision(pre_out, f"{head} | prefill: {pre_reason}"),
-        decode=_decision(dec_out, f"{head} | decode: {dec_reason}"),
-        reason=f"{head} | prefill: {pre_reason} | decode: {dec_reason}",
-    )
+    joint = f"{head} | prefill: {pre_reason} | decode: {dec_reason}"
+    # Each pool's own reason leads with its own action (what its gauges and log lines read), then
+    # the one joint reason.
+    decision = PoolsDecision(prefill=_decision(pre_out, f"{pre_out.action} | {joint}"),
+                             decode=_decision(dec_out, f"{dec_out.action} | {joint}"), reason=joint)
     return decision, PoolsState(pre_out.state, dec_out.state)
 
 

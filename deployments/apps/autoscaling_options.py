@@ -6,6 +6,7 @@ one decision). Part of the one options builder (options.py).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from hbmserve.autoscale.slots import slot_min_replicas
 from hbmserve.capacity.perf.hardware import load_catalog
 from hbmserve.capacity.perf.length_capacity import CapacityTable, capacity_table
 from hbmserve.capacity.perf.perf_model import cost_model
+from hbmserve.capacity.perf.plan_analytic import prefill_capacity_rps
 from hbmserve.capacity.perf.scenario import (NOMINAL_PROMPT_TOKENS, knobs_of, nominal_workload, scenario_for,
                                              tpot_floor_s)
 from hbmserve.capacity.perf.startup_measured import startup_estimate, startup_inputs_for
@@ -138,20 +140,24 @@ def slot_autoscaling_configs(model: ModelSpec, slots: int, model_deployment: str
             for k in range(slots)]
 
 
-def live_prefill_rate(pool: ModelSpec) -> tuple[float, float]:
+def live_prefill_rate(pool: ModelSpec) -> tuple[float, float, float | None]:
     """(prompt tokens/s one replica of the prefill `pool` computes, the prompt mean it is figured
-    at): the capacity model's `prefill_tokens_per_s` under the pool's engine token budget, at the
-    nominal prompt the capacity checks judge (capacity/perf/scenario.py `nominal_workload`: no
-    config states a prompt mean); a simulated engine runs `sim.speedup` times that. Where the
-    capacity model does not know the GPU or shape: DEFAULT_PREFILL_TOKENS_PER_S at the nominal
-    prompt."""
+    at, the requests/s it serves within the TTFT target): the capacity model's
+    `prefill_tokens_per_s` under the pool's engine token budget and `prefill_capacity_rps` (the
+    simulator's figures, capacity/sim/pools/pools_eval.py), at the nominal prompt the capacity
+    checks judge (capacity/perf/scenario.py `nominal_workload`: no config states a prompt mean); a
+    simulated engine runs `sim.speedup` times both. Where the capacity model does not know the GPU
+    or shape: DEFAULT_PREFILL_TOKENS_PER_S at the nominal prompt, and no capacity (the configured
+    one stands)."""
     try:
         sc = scenario_for(pool, load_catalog())
     except (ValueError, OSError):  # as live_capacity
-        return DEFAULT_PREFILL_TOKENS_PER_S, float(NOMINAL_PROMPT_TOKENS)
-    prompt = nominal_workload(sc).prompt_mean
-    rate = cost_model(sc.deployment).prefill_tokens_per_s(prompt, sc.engine.max_num_batched_tokens)
-    return rate * (pool.sim.speedup if pool.engine is EngineKind.SIM else 1.0), prompt
+        return DEFAULT_PREFILL_TOKENS_PER_S, float(NOMINAL_PROMPT_TOKENS), None
+    w, cost = nominal_workload(sc), cost_model(sc.deployment)
+    speed = pool.sim.speedup if pool.engine is EngineKind.SIM else 1.0
+    rate = cost.prefill_tokens_per_s(w.prompt_mean, sc.engine.max_num_batched_tokens)
+    rps = prefill_capacity_rps(cost, knobs_of(sc), w, sc.slo_ttft_s)
+    return rate * speed, w.prompt_mean, rps * speed if rps > 0 else None
 
 
 def pools_autoscale(model: ModelSpec) -> bool:
@@ -175,8 +181,14 @@ def pool_autoscaling_config(model: ModelSpec, role: Role) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"prefill_deployment": engine_deployment_name(model, Role.PREFILL.value),
                               "look_back_s": own.config.look_back_s}
     if role is Role.DECODE:
-        rate, prompt = live_prefill_rate(model.pool(Role.PREFILL))
-        pools = PoolsConfig(prefill=pool_config(policies[Role.PREFILL].config, decode=False),
+        prefill = model.pool(Role.PREFILL)
+        rate, prompt, rps = live_prefill_rate(prefill)
+        pre_config = policies[Role.PREFILL].config
+        if rps is not None and "replica_capacity_rps" not in prefill.autoscaling.model_fields_set:
+            # An aggregated replica's capacity (what live_policy estimates) counts its decode
+            # work too; a prefill replica's is its prompts' within the TTFT target.
+            pre_config = dataclasses.replace(pre_config, replica_capacity_rps=rps)
+        pools = PoolsConfig(prefill=pool_config(pre_config, decode=False),
                             decode=pool_config(own.config, decode=True), prefill_tokens_per_s=rate)
         kwargs |= {"pools": pools.to_dict(), "prompt_mean_tokens": prompt}
     return {**own.serve_config(), "policy": {"policy_function": POOLS_POLICY_PATH, "policy_kwargs": kwargs}}

@@ -89,7 +89,7 @@ def decide_pools_from_contexts(prefill: PolicyContext, decode: PolicyContext, co
         roles, running, order, snap = views[role]
         _, demand, cfg = pools[role]
         assignment = roles_after(snap, running, order, roles, scale.target_active)
-        records[role] = decision_record(snap, cfg, scale, scale.target_standby, assignment, demand, decision.reason)
+        records[role] = decision_record(snap, cfg, scale, scale.target_standby, assignment, demand, scale.reason)
         policy_state[role.value] = roles_and_record(assignment, records[role])
     return PoolsOutcome(records[Role.PREFILL], records[Role.DECODE], decision.reason, policy_state)
 

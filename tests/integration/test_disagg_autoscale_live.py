@@ -109,7 +109,9 @@ def test_a_prompt_backlog_grows_the_prefill_pool_in_one_decision_with_the_decode
     assert prefill and decode, decisions
     for d in prefill + decode:
         # One joint reason: both actions first, then each pool's signals.
-        assert d["reason"].startswith("prefill ") and "; decode " in d["reason"], d["reason"]
+        own, joint = d["reason"].split(" | ", 1)
+        assert own.split(" ", 1)[0] in ("up", "down", "hold"), d["reason"]  # the pool's own action leads
+        assert joint.startswith("prefill ") and "; decode " in joint, d["reason"]
         assert " | prefill: prompt backlog " in d["reason"] and " | decode: kv " in d["reason"], d["reason"]
     grown = [d for d in prefill if len(d["active_replicas"]) >= 2]
     assert grown, [(d["serve_target"], d["active_replicas"]) for d in prefill]

@@ -39,7 +39,7 @@ from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.pools.pools_policy import PoolsConfig, PoolsSnapshot, PoolsState, decide_pools, pool_config
 from hbmserve.capacity.perf.engine_core import EngineConfig
 from hbmserve.capacity.perf.perf_model import Deployment, cost_model, memory_fit
-from hbmserve.capacity.perf.plan_analytic import EngineKnobs, capacity_rps
+from hbmserve.capacity.perf.plan_analytic import EngineKnobs, prefill_capacity_rps
 from hbmserve.capacity.perf.slo_cap import chunk_step_s
 from hbmserve.capacity.sim.pools.disagg_sim import (DisaggCluster, DisaggResult, Pool, PoolScaling, PoolTargets,
                                                     Scaler, simulate_disagg)
@@ -96,18 +96,16 @@ def capacities(case: PoolsCase, arrivals: Arrivals) -> Capacities:
     seqs = case.decode_engine.max_num_seqs
     step = chunk_step_s(cost_model(case.decode), seqs, seqs, w.prompt_mean + w.output_mean / 2, 0)
     pre, budget = cost_model(case.prefill), case.prefill_engine.max_num_batched_tokens
-    # A prefill replica serves requests of one output token; its TTFT is what the SLO bounds.
     knobs = EngineKnobs(case.prefill_engine.max_num_seqs, budget, True, memory_fit(case.prefill).kv_tokens)
-    rps, _ = capacity_rps(pre, knobs, replace(w, output_mean=1.0), case.slo.ttft_s, math.inf, utilisation_cap=1.0)
-    return Capacities(pre.prefill_tokens_per_s(w.prompt_mean, budget), rps, seqs / step, w.prompt_mean,
-                      w.output_mean)
+    return Capacities(pre.prefill_tokens_per_s(w.prompt_mean, budget), prefill_capacity_rps(pre, knobs, w, case.slo.ttft_s),
+                      seqs / step, w.prompt_mean, w.output_mean)
 
 
 def pools_config(case: PoolsCase, cap: Capacities, base: AutoscaleConfig = AutoscaleConfig()) -> PoolsConfig:
     """The two-pool policy's config for `case`: `base`'s knobs with the case's SLO, start-up and
     bounds, and each pool's capacity in requests/s at the trace's means: the prefill pool's within
-    the TTFT target (plan_analytic.capacity_rps: a third of its raw prompt-token rate for 6k-token
-    prompts at 2 s), the decode pool's at its TPOT-capped batch."""
+    the TTFT target (plan_analytic.prefill_capacity_rps, as live), the decode pool's at its
+    TPOT-capped batch."""
     s = case.startup_s
     common = replace(base, ttft_p95_target_s=case.slo.ttft_s, tpot_p95_target_s=case.slo.tpot_s, min_replicas=1,
                      startup_hot_s=min(base.startup_hot_s, s), startup_warm_s=s, startup_cold_s=s)

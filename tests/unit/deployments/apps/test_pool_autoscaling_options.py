@@ -4,12 +4,15 @@ pool's bounds; with one pool fixed, the other keeps the per-deployment policy.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hbmserve.autoscale.pools.pools_policy import PoolsConfig, pool_config
 from hbmserve.capacity.perf.hardware import load_catalog
 from hbmserve.capacity.perf.perf_model import cost_model
-from hbmserve.capacity.perf.scenario import scenario_for
+from hbmserve.capacity.perf.plan_analytic import prefill_capacity_rps
+from hbmserve.capacity.perf.scenario import knobs_of, nominal_workload, scenario_for
 from hbmserve.core.config import parse_cluster_spec
 from hbmserve.core.disagg_spec import Role
 from hbmserve.deployments.apps.autoscaling_options import (DEFAULT_PREFILL_TOKENS_PER_S, live_policy,
@@ -51,8 +54,13 @@ def test_both_pools_autoscaled_run_the_pool_policy_and_its_kwargs_make_the_pools
     assert "pools" not in follows
     # The kwargs round-trip into the PoolsConfig the pools' own live configs make.
     sc = scenario_for(model.pool(Role.PREFILL), load_catalog())
-    rate = 2.0 * cost_model(sc.deployment).prefill_tokens_per_s(2048, 2048)  # the nominal prompt, x speedup
-    want = PoolsConfig(prefill=pool_config(live_policy(model.pool(Role.PREFILL)).config, decode=False),
+    cost, w = cost_model(sc.deployment), nominal_workload(sc)
+    rate = 2.0 * cost.prefill_tokens_per_s(2048, 2048)  # the nominal prompt, x speedup
+    # The prefill pool's capacity: its prompts' within the TTFT target, not an aggregated replica's.
+    rps = 2.0 * prefill_capacity_rps(cost, knobs_of(sc), w, sc.slo_ttft_s)
+    aggregated = live_policy(model.pool(Role.PREFILL)).config
+    assert 0 < rps != aggregated.replica_capacity_rps
+    want = PoolsConfig(prefill=pool_config(dataclasses.replace(aggregated, replica_capacity_rps=rps), decode=False),
                        decode=pool_config(live_policy(model.pool(Role.DECODE)).config, decode=True),
                        prefill_tokens_per_s=rate)
     assert PoolsConfig.from_dict(leads["pools"]) == want
@@ -82,4 +90,10 @@ def test_with_one_pool_fixed_the_other_keeps_its_own_policy():
 def test_a_pool_the_capacity_model_does_not_know_gets_the_default_rate():
     pool = _model(*BOTH).pool(Role.PREFILL).model_copy(update={"sim": _model(*BOTH).sim.model_copy(
         update={"gpu": "no-such-gpu"})})
-    assert live_prefill_rate(pool) == (DEFAULT_PREFILL_TOKENS_PER_S, 2048.0)
+    assert live_prefill_rate(pool) == (DEFAULT_PREFILL_TOKENS_PER_S, 2048.0, None)
+
+
+def test_a_stated_prefill_capacity_stands():
+    model = _model({"autoscaling": {"min_replicas": 1, "max_replicas": 3, "replica_capacity_rps": 0.5}}, BOTH[1])
+    leads = model_options(model, "decode").autoscaling_config["policy"]["policy_kwargs"]
+    assert PoolsConfig.from_dict(leads["pools"]).prefill.replica_capacity_rps == 0.5

@@ -76,7 +76,8 @@ def test_the_observed_prompt_mean_replaces_the_configured_one_once_enough_reques
 def test_each_pool_gets_its_record_with_the_joint_reason_its_roles_and_the_state_carries_over():
     out = pa.decide_pools_from_contexts(prefill_context(), decode_context(), CONFIG, MEAN)
     for record, replicas in ((out.prefill, ("p0", "p1")), (out.decode, ("d0", "d1"))):
-        assert record.reason.startswith(out.reason) and " | prefill: " in record.reason
+        assert record.reason.split(" ", 1)[0] in ("up", "down", "hold"), "its own action leads"
+        assert f" | {out.reason}" in record.reason and " | prefill: " in record.reason
         assert " | decode: " in record.reason
         assert record.active_replicas == replicas and record.standby_replicas == ()
         assert dict(record.target_standby) == {t: 0 for t in record.target_standby}
@@ -116,7 +117,8 @@ def test_the_decode_pool_leads_and_the_prefill_pool_follows(monkeypatch, caplog)
     with caplog.at_level("INFO", logger="ray.serve"):
         target, state = leader(decode_context())
     assert target == 2 and set(store.decisions) == {PREFILL, DECODE}
-    assert store.decisions[PREFILL].reason == store.decisions[DECODE].reason
+    joint = store.decisions[PREFILL].reason.split(" | ", 1)[1]
+    assert joint.split("; ", 1)[0].startswith("prefill ") and joint in store.decisions[DECODE].reason
     assert [r.getMessage().count("prefill up") for r in caplog.records] == [1]
     assert follower(prefill_ctx)[0] == store.decisions[PREFILL].serve_target == 3
     # An unchanged plan is published again but not logged again.
