@@ -88,13 +88,21 @@ def table(rounds: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rounds: list[dict], path: Path) -> None:
+def plot(rounds: list[dict], path: Path, duration_s: float) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     fig, axes = plt.subplots(len(rounds), 1, figsize=(9, 2.6 * len(rounds)), squeeze=False)
     for ax, rd in zip(axes[:, 0], rounds):
+        arr, _ = trace(rd["trace"], rd["seed"], duration_s)
+        bins = np.arange(0.0, float(arr.t[-1]) + 30.0, 30.0)
+        rate = ax.twinx()
+        rate.stairs(np.histogram(arr.t, bins)[0] / 30.0, bins, color="0.8", fill=True, zorder=0)
+        rate.set_ylabel("requests/s", color="0.5")
+        ax.set_zorder(rate.get_zorder() + 1)
+        ax.patch.set_visible(False)
         for name, style in zip(list(rd["timelines"])[:3:2], ("-", ":")):  # one policy, oracle
             tl = rd["timelines"][name]
             xs = [t for t, _, _ in tl]
@@ -125,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"rounds": rounds, "args": {k: str(v) for k, v in vars(args).items()}}, indent=1))
     if args.plot:
-        plot([rd for rd in rounds if rd["seed"] == args.seeds[0]], args.plot)
+        plot([rd for rd in rounds if rd["seed"] == args.seeds[0]], args.plot, args.duration_s)
 
 
 if __name__ == "__main__":

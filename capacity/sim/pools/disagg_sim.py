@@ -97,7 +97,8 @@ class DisaggResult:
     prefill_replica_s: float = 0.0  # billed replica-seconds per pool
     decode_replica_s: float = 0.0
     scale_actions: int = 0  # changes of either pool's target
-    timeline: tuple[tuple[float, int, int], ...] = ()  # (t, prefill held, decode held) at each change
+    # (t, prefill held, decode held) at the start, at each change and at the end
+    timeline: tuple[tuple[float, int, int], ...] = ()
     last_reason: str = ""
 
 
@@ -297,6 +298,7 @@ def simulate_disagg(spec: DisaggCluster, arrivals: Arrivals, router: Router = ch
     for pool in pools.values():
         pool.close(now)
     pre, dec = pools["p"], pools["d"]
+    timeline.append((now, len(pre.held()), len(dec.held())))
     ok = ~np.isnan(finish)
     price = spec.usd_per_gpu_hour if spec.usd_per_gpu_hour is not None else spec.prefill.deployment.gpu.usd_per_gpu_hour
     span = max(now, 1e-9)

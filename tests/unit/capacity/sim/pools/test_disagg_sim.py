@@ -108,4 +108,4 @@ def test_a_pool_keeps_one_serving_replica_whatever_the_scaler_says():
     spec = DisaggCluster(Pool(DEP70, engine(16384), 2), Pool(DEP70, engine(16384), 1), "nvlink")
     r = simulate_disagg(spec, arr, scaling=PoolScaling(lambda view: PoolTargets(0, 0), startup_s=30.0))
     assert r.summary.finished == len(arr)
-    assert r.timeline == ((0.0, 2, 1), (1.0, 1, 1))
+    assert r.timeline[:2] == ((0.0, 2, 1), (1.0, 1, 1)) and r.timeline[-1][1:] == (1, 1)
