@@ -11,7 +11,8 @@ each a Serve deployment whose policy sees only its own replicas; the two-pool po
   the last published decision (`latest_decision` for its deployment; before any, Serve's target).
 * The decode pool's policy leads: it merges the prefill pool's fresh stats into a context
   (`model_context`), decides for both (`decide_pools_from_contexts`, pure), publishes one
-  decision record per pool deployment, each with the joint reason, where the front doors, the
+  decision record per pool deployment, each leading with its own action and then the joint
+  reason (so each pool's last-action gauge reads its own), where the front doors, the
   replicas' roles and `hbmserve status` read them, and answers Serve with the decode half. Both
   pools' hysteresis and roles live in its policy_state.
 
@@ -53,7 +54,7 @@ POOLS_STATE_KEY = "hbmserve_pools"
 class PoolsOutcome:
     prefill: DecisionRecord
     decode: DecisionRecord
-    reason: str  # the joint one, also in both records
+    reason: str  # the joint one, in both records after each pool's own action
     policy_state: dict[str, Any]  # the leader's: the pools' state, and per pool its roles and record
 
 
