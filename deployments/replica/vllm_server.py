@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AsyncExitStack
 
 from prometheus_client.metrics_core import Metric
@@ -116,7 +116,7 @@ class VLLMHttpServer:
         Prometheus registry."""
         from prometheus_client import REGISTRY
 
-        return engine_load((sample.name, sample.value) for metric in REGISTRY.collect() for sample in metric.samples)
+        return engine_load(load_samples(REGISTRY))
 
     def engine_metrics(self) -> list[Metric]:
         """vLLM's own families of engine_metrics.ENGINE_FAMILIES, from its in-process registry."""
@@ -132,6 +132,21 @@ class VLLMHttpServer:
 # `_total` suffix.
 _LOAD_SAMPLES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def load_samples(registry) -> Iterator[tuple[str, float]]:
+    """(name, value) of the samples engine_load reads, from the collectors of those families
+    alone. The door asks each replica for its load ten times a second (replica_table.POLL_S), and
+    collecting vLLM's whole registry, its histograms' every bucket, each time was 42% of an idle
+    replica's py-spy samples, about 1.3% of a core (issue 22, docs/benchmarks.md). prometheus_client
+    keeps its collectors by sample name in a private dict; without it, or before vLLM has
+    registered every family, the whole registry is read as before."""
+    by_name = getattr(registry, "_names_to_collectors", None)
+    found = [by_name.get(n) for n in _LOAD_SAMPLES] if isinstance(by_name, dict) else [None]
+    collectors = registry.collect() if None in found else (m for c in dict.fromkeys(found) for m in c.collect())
+    for metric in collectors:
+        for sample in metric.samples:
+            yield sample.name, sample.value
 
 
 def engine_load(samples: Iterable[tuple[str, float]]) -> EngineLoad:

@@ -214,3 +214,37 @@ def test_sim_engine_is_registered_without_cpu_or_gpu_reservation():
     assert len(problems) == 2
     assert problems[0].startswith(f"models.{NAME}.sim: unknown gpu 'h900'")
     assert problems[1].startswith("models.big:") and "h100-sxm" in problems[1]
+
+
+def test_vllm_load_reads_only_its_five_families():
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from hbmserve.deployments.replica.vllm_server import load_samples
+
+    class Counted:
+        """Another family of the registry; counts how often it is collected."""
+
+        calls = 0
+
+        def collect(self):
+            Counted.calls += 1
+            return iter(())
+
+    reg = CollectorRegistry()
+    for name, value in (("vllm:num_requests_waiting", 2), ("vllm:num_requests_running", 3), ("vllm:kv_cache_usage_perc", 0.25)):
+        g = Gauge(name, "", ["engine"], registry=reg)
+        g.labels("0").set(value)
+        g.labels("1").set(value)
+    Counter("vllm:prefix_cache_queries", "", ["engine"], registry=reg).labels("0").inc(900)
+    hist = Histogram("vllm:time_to_first_token_seconds", "", ["engine"], registry=reg)
+    reg.register(Counted())
+    partial = CollectorRegistry()
+    Gauge("vllm:num_requests_waiting", "", registry=partial).set(1)
+    partial.register(Counted())
+    # One family missing (prefix hits): the whole registry is read, as before.
+    assert engine_load(load_samples(reg)) == EngineLoad(4, 6, 0.5, 900, 0) and Counted.calls == 1
+    Counter("vllm:prefix_cache_hits", "", ["engine"], registry=reg).labels("0").inc(300)
+    hist.labels("0").observe(0.1)
+    assert engine_load(load_samples(reg)) == EngineLoad(4, 6, 0.5, 900, 300)
+    assert Counted.calls == 1, "the other families are not collected"
+    assert engine_load(load_samples(partial)) == EngineLoad(1, 0, 0.0, 0, 0) and Counted.calls == 2
