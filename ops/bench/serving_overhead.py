@@ -8,6 +8,9 @@ server at a time (2 cores):
 * `bare+ray`: the same bare server beside an idle Ray head started as `hbmserve up` starts one
   (nothing deployed): what Ray's daemons cost the engine on a small node;
 * `hbmserve`: `hbmserve up` (Ray head, Serve, the front door, one replica);
+* `replica-direct`: the same cluster, the client sending straight to the replica's private port
+  with the internal token, the front door idle: hbmserve with a door that costs nothing, the
+  ceiling any front door (Python, compiled or in-process) can reach on this cluster;
 * `hbmserve-nice15`: the same with `RAY_worker_niceness=15`, Ray's default, which `hbmserve up`
   overrides (cluster/local_head.py SERVING_ENV): every Serve replica (the door, the engine
   replica, vLLM's engine core) below the client and Ray's daemons, which run at 0 as bare vLLM does.
@@ -48,7 +51,7 @@ METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 P95_METRICS = ("p95_ttft_ms", "p95_tpot_ms")
 BARE_PORT = 8100
 HAPROXY_PORT = 8101
-SIDES = ("bare", "haproxy", "bare+ray", "hbmserve", "hbmserve-nice15")
+SIDES = ("bare", "haproxy", "bare+ray", "hbmserve", "replica-direct", "hbmserve-nice15")
 WARMUP_PROMPTS = 48
 
 
@@ -67,7 +70,7 @@ def wait_ready(url: str, timeout_s: float, proc: subprocess.Popen | None = None)
 
 
 def run_vllm_bench(url: str, model: str, tokenizer: str, concurrency: int, prompts: int,
-                   output_len: int = 32) -> dict:
+                   output_len: int = 32, headers: tuple[str, ...] = ()) -> dict:
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -79,6 +82,7 @@ def run_vllm_bench(url: str, model: str, tokenizer: str, concurrency: int, promp
         "--random-input-len", "64", "--random-output-len", str(output_len), "--ignore-eos",
         "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
         "--disable-tqdm", "--seed", "0", "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,95",
+        *(["--header", *headers] if headers else []),
     ])
     result = main(args)
     return {**{k: float(result[k]) for k in (*METRICS, *P95_METRICS)}, "output_tokens": int(result["total_output_tokens"])}
@@ -160,19 +164,19 @@ class Load:
     output_len: int
 
 
-def measure(url: str, model, load: Load) -> dict[int, dict]:
+def measure(url: str, model, load: Load, headers: tuple[str, ...] = ()) -> dict[int, dict]:
     """Per concurrency: vLLM's serving metrics after a warm-up, and the CPU split of the run."""
     out = {}
     for c in load.concurrencies:
-        run_vllm_bench(url, model.name, model.source, c, WARMUP_PROMPTS, load.output_len)  # warm-up, discarded
+        run_vllm_bench(url, model.name, model.source, c, WARMUP_PROMPTS, load.output_len, headers)  # warm-up
         with CpuMeter() as meter:
-            got = run_vllm_bench(url, model.name, model.source, c, load.prompts, load.output_len)
+            got = run_vllm_bench(url, model.name, model.source, c, load.prompts, load.output_len, headers)
         out[c] = {**got, "cpu_s_per_1k_tokens": meter.split.per_1k(got["output_tokens"])}
     return out
 
 
 def bench_round(config: str | None, spec, load: Load, bare_env: dict[str, str],
-                sides: tuple[str, ...], no_delay: bool) -> dict:
+                sides: tuple[str, ...], no_delay: bool, flip: bool = False) -> dict:
     model = spec.models[0]
     out = {}
     with bare_vllm(model, bare_env) as url:
@@ -183,23 +187,62 @@ def bench_round(config: str | None, spec, load: Load, bare_env: dict[str, str],
         if "bare+ray" in sides:
             with idle_ray_head(spec.serve.dashboard_port):
                 out["bare+ray"] = measure(url, model, load)
-    if "hbmserve" in sides:
-        out["hbmserve"], out["hbmserve_up_s"] = bench_hbmserve(config, spec, load)
+    if "hbmserve" in sides or "replica-direct" in sides:
+        got, out["hbmserve_up_s"] = bench_hbmserve(config, spec, load, door="hbmserve" in sides,
+                                                   direct="replica-direct" in sides, flip=flip)
+        out.update(got)
     if "hbmserve-nice15" in sides:
-        out["hbmserve-nice15"], _ = bench_hbmserve(config, spec, load, {"RAY_worker_niceness": "15"})
+        got, _ = bench_hbmserve(config, spec, load, {"RAY_worker_niceness": "15"})
+        out["hbmserve-nice15"] = got["hbmserve"]
     return out
 
 
-def bench_hbmserve(config: str | None, spec, load: Load, env: dict[str, str] | None = None) -> tuple[dict, float]:
+# Run in a child so this process never joins the cluster (a driver would add its own CPU to Ray's).
+_REPLICA_AND_TOKEN = """
+import json
+from hbmserve.cluster import ray_cluster as rc
+from hbmserve.deployments.wire.records_store import latest_deployed
+rc.connect(None)
+urls = [r.url for m in rc.status() for r in m.replica_stats]
+print(json.dumps({"urls": urls, "token": latest_deployed().internal_token}))
+"""
+
+
+def replica_and_token() -> tuple[str, str]:
+    """The first replica's private URL and the deployment's internal token, from a running `up`."""
+    done = subprocess.run([sys.executable, "-c", _REPLICA_AND_TOKEN], capture_output=True, text=True, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    if not got["urls"]:
+        raise RuntimeError("no replica answered `status`: cannot measure replica-direct")
+    return got["urls"][0], got["token"]
+
+
+def bench_hbmserve(config: str | None, spec, load: Load, env: dict[str, str] | None = None,
+                   door: bool = True, direct: bool = False, flip: bool = False) -> tuple[dict[str, dict], float]:
+    """One `hbmserve up`: through the front door, and (`direct`) straight to its replica, the door
+    idle. Returns {side: measures} and the seconds `up` took."""
+    from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
+
     hb = [sys.executable, "-m", "hbmserve"]
     t0 = time.monotonic()
+    out = {}
     try:
         subprocess.run([*hb, "up", "--detach", *([config] if config else [])], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
         startup = time.monotonic() - t0
         url = f"http://127.0.0.1:{spec.serve.http.port}"
         wait_ready(url, 60)
-        return measure(url, spec.models[0], load), startup
+        runs = {}
+        if door:
+            runs["hbmserve"] = lambda: measure(url, spec.models[0], load)
+        if direct:
+            replica, token = replica_and_token()
+            header = f"{INTERNAL_TOKEN_HEADER.decode()}={token}"
+            runs["replica-direct"] = lambda: measure(replica, spec.models[0], load, (header,))
+        # Alternate which goes first, round by round: a cluster's second run can differ from its first.
+        for side in sorted(runs, reverse=flip):
+            out[side] = runs[side]()
+        return out, startup
     finally:
         subprocess.run([*hb, "down"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -270,7 +313,7 @@ def main() -> None:
     meta = {"bare_env": bare_env, "sides": sides, "haproxy_no_delay": a.haproxy_no_delay,
             "concurrency": load.concurrencies, "prompts": a.prompts, "output_len": a.output_len}
     for r in range(a.rounds):
-        rounds.append(bench_round(a.config, spec, load, bare_env, sides, a.haproxy_no_delay))
+        rounds.append(bench_round(a.config, spec, load, bare_env, sides, a.haproxy_no_delay, flip=r % 2 == 1))
         done = rounds[-1]
         for c in load.concurrencies:
             print(f"round {r + 1}/{a.rounds} c={c}: " + ", ".join(
