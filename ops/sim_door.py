@@ -104,6 +104,7 @@ class SimDoor:
                 await task
         await self.server.stop()
         await self.session.close()
+        await self.app.upstream.close()
         for r in self.replicas:
             await r.stop()
 

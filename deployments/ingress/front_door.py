@@ -208,5 +208,6 @@ class FrontDoor:
                 for deployment, _ in engine_pools(m).values():
                     await asyncio.to_thread(publish_demand, m.name, deployment, self.holder, 0, 0.0)
         await self.session.close()
+        await self.app.upstream.close()
         if self.gpus is not None:
             self.gpus.close()

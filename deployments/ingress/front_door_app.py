@@ -43,6 +43,7 @@ from hbmserve.deployments.ingress.two_phase import DECODE, TWO_PHASE_PATHS, Phas
 from hbmserve.deployments.ingress.usage_tap import UsageTap, with_usage_asked
 from hbmserve.routing.queue import Ask
 from hbmserve.deployments.wire.http import json_response, openai_error
+from hbmserve.deployments.wire.upstream import UpstreamPool
 from hbmserve.deployments.ingress.replica_table import ReplicaTable
 from hbmserve.routing.choose import choose_decode
 from hbmserve.routing.routers import ROUTERS
@@ -98,7 +99,9 @@ class FrontDoorApp:
         self.table = table
         self.guard = guard
         self.admission = admission
-        self.session_of = session_of  # () -> the aiohttp session of the running loop
+        self.session_of = session_of  # () -> the aiohttp session of the running loop (prefill)
+        # The relay's own client (wire/upstream.py): the path every streamed token takes.
+        self.upstream = UpstreamPool()
         self.token = token
         self.limits = limits
         self.info_of = info_of  # () -> IngressInfo as plain data (the front door's /hbm/info)
@@ -330,7 +333,7 @@ class FrontDoorApp:
                 replica.remember(phase.route.prefix_hashes)
             tap.forwarded = True
             try:
-                done = await relay(self.session_of(), replica.endpoint.url + suffix, scope["method"], headers, phase.raw,
+                done = await relay(self.upstream, replica.endpoint.url + suffix, scope["method"], headers, phase.raw,
                                    send, self.limits.first_byte_timeout_s, started, replica.endpoint.replica, tap,
                                    ledger, streams=replica.streams)
                 if done.left_open:
@@ -369,7 +372,7 @@ class FrontDoorApp:
             name = replica.endpoint.replica
             replica.sent_since_poll += 1
             try:
-                done = await relay(self.session_of(), replica.endpoint.url + "/v1/completions", "POST", headers,
+                done = await relay(self.upstream, replica.endpoint.url + "/v1/completions", "POST", headers,
                                    ledger.continuation_body(), send, self.limits.first_byte_timeout_s, loop.time(),
                                    tap=tap, ledger=ledger, resumed=True, streams=replica.streams)
             except Refused:

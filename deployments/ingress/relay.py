@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from hbmserve.deployments.ingress.migration import StreamLedger
 from hbmserve.deployments.ingress.usage_tap import UsageTap
 from hbmserve.deployments.wire.http import ADAPTER_HEADER, INTERNAL_TOKEN_HEADER
+from hbmserve.deployments.wire.upstream import UpstreamPool
 
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"host", b"upgrade", b"te",
                          b"trailer", b"proxy-authorization", b"proxy-connection", b"content-length",
                          b"authorization", INTERNAL_TOKEN_HEADER})
-_RESPONSE_DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "trailer"})
+_RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"trailer"})
 
 
 class NotStarted(Exception):
@@ -66,49 +67,43 @@ def sse_error_event(message: str) -> bytes:
 REPLICA_HEADER = b"x-hbmserve-replica"
 
 
-async def relay(session, url: str, method: str, headers: dict[str, str], body: bytes, send,
+async def relay(pool: UpstreamPool, url: str, method: str, headers: dict[str, str], body: bytes, send,
                 first_byte_timeout_s: float, started_at: float, replica: str = "",
                 tap: UsageTap | None = None, ledger: StreamLedger | None = None, resumed: bool = False,
                 streams: set | None = None) -> Relayed:
-    """Send the request to `url` and stream the reply to the ASGI `send`; the reply names the
-    replica that served it (`x-hbmserve-replica`), for the client's and the operator's logs.
+    """Send the request to `url` over `pool` (wire/upstream.py) and stream the reply to the ASGI
+    `send`; the reply names the replica that served it (`x-hbmserve-replica`), for the client's
+    and the operator's logs.
     `tap` reads the engine's usage on the way (usage_tap.py); `ledger` keeps a stream resumable
     (migration.py). `resumed`: the reply continues a response already started, so it sends no
     status line; a continuation that is refused (not a 200) is a break. `streams`: the replica's
     set of replies in flight, which the replica table closes when it finds the replica gone."""
-    import aiohttp
-
-    broken = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + first_byte_timeout_s  # for the status line and the first body byte
     try:
-        resp = await asyncio.wait_for(
-            session.request(method, url, data=body, headers=headers,
-                            timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0)),
-            timeout=first_byte_timeout_s)
+        resp = await asyncio.wait_for(pool.request(method, url, headers, body), timeout=first_byte_timeout_s)
     except asyncio.TimeoutError:
         raise FirstByteTimeout() from None
-    except broken as err:
+    except OSError as err:
         raise NotStarted(f"{type(err).__name__}: {err}") from None
     if streams is not None:
         streams.add(resp)
     try:
-        chunks = resp.content.iter_any()
         try:
-            first = await asyncio.wait_for(anext(chunks, b""), timeout=max(0.0, deadline - loop.time()))
+            first = await asyncio.wait_for(resp.read(), timeout=max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             raise FirstByteTimeout() from None
-        except broken as err:
+        except OSError as err:
             raise NotStarted(f"{type(err).__name__}: {err}") from None
         first_at = loop.time() - started_at if first else None
-        is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+        is_sse = resp.header(b"content-type").startswith(b"text/event-stream")
         tap = tap or UsageTap(strip=False)
         if resumed:
             if resp.status != 200 or not is_sse:
                 raise Refused(f"the continuation was answered {resp.status}")
         else:
-            out_headers = [(k.encode("latin-1").lower(), v.encode("latin-1")) for k, v in resp.headers.items()
-                           if k.lower() not in _RESPONSE_DROP and not (is_sse and k.lower() == "content-length")]
+            out_headers = [(k, v) for k, v in resp.headers
+                           if k not in _RESPONSE_DROP and not (is_sse and k == b"content-length")]
             if replica:
                 out_headers.append((REPLICA_HEADER, replica.encode()))
             tap.begin(resp.status, is_sse)
@@ -125,8 +120,8 @@ async def relay(session, url: str, method: str, headers: dict[str, str], body: b
                     await send({"type": "http.response.body", "body": tap.feed(chunk), "more_body": True})
                 if ledger is not None and ledger.failed:
                     raise ConnectionResetError("the engine sent an error event")
-                chunk = await anext(chunks, b"")
-        except broken as err:
+                chunk = await resp.read()
+        except OSError as err:
             if ledger is not None and ledger.finished:  # every token is out: end the stream as it would have
                 await send({"type": "http.response.body", "body": tap.feed(ledger.closing()) + tap.finish()})
                 return Relayed(resp.status, first_at, completed=True)
@@ -140,7 +135,7 @@ async def relay(session, url: str, method: str, headers: dict[str, str], body: b
     finally:
         if streams is not None:
             streams.discard(resp)
-        resp.release() if resp.content.at_eof() else resp.close()
+        resp.release()
 
 
 async def end_broken(send, tap: UsageTap, is_sse: bool, message: str) -> None:

@@ -8,12 +8,12 @@ import asyncio
 import json
 import socket
 
-import aiohttp
 import httpx
 import pytest
 
 from hbmserve.deployments.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
 from hbmserve.deployments.ingress.relay import NotStarted, relay
+from hbmserve.deployments.wire.upstream import UpstreamPool
 
 
 def run(coro, timeout: float = 30):
@@ -113,10 +113,10 @@ def test_refused_and_silently_closed_replicas_fail_before_first_byte():
 
         server, closing_url = await raw_upstream(hang_up)
         sent = Collector()
-        async with aiohttp.ClientSession() as session:
-            for url in (refused_url, closing_url):
-                with pytest.raises(NotStarted):
-                    await relay(session, url + "/v1/completions", "POST", {}, b"{}", sent, 5, 0.0)
+        session = UpstreamPool()
+        for url in (refused_url, closing_url):
+            with pytest.raises(NotStarted):
+                await relay(session, url + "/v1/completions", "POST", {}, b"{}", sent, 5, 0.0)
         server.close()
         assert sent.messages == []  # nothing reached the client: a retry elsewhere is safe
 
@@ -137,8 +137,8 @@ def test_a_stream_broken_mid_way_ends_with_an_sse_error_event():
     async def scenario():
         server, url = await raw_upstream(two_tokens_then_die)
         sent = Collector()
-        async with aiohttp.ClientSession() as session:
-            result = await relay(session, url + "/v1/completions", "POST", {}, b"{}", sent, 5, 0.0)
+        session = UpstreamPool()
+        result = await relay(session, url + "/v1/completions", "POST", {}, b"{}", sent, 5, 0.0)
         server.close()
         assert sent.messages[0]["status"] == 200 and result.completed is False
         events = [line.removeprefix("data: ") for line in sent.body.decode().splitlines() if line.startswith("data: ")]
@@ -161,8 +161,8 @@ def test_a_whole_reply_is_relayed_with_status_and_headers():
     async def scenario():
         server, url = await raw_upstream(answer)
         sent = Collector()
-        async with aiohttp.ClientSession() as session:
-            result = await relay(session, url + "/v1/completions", "POST", {}, b"{}", sent, 5, 0.0)
+        session = UpstreamPool()
+        result = await relay(session, url + "/v1/completions", "POST", {}, b"{}", sent, 5, 0.0)
         server.close()
         assert result.status == 400 and result.completed
         headers = dict(sent.messages[0]["headers"])
@@ -182,9 +182,9 @@ def test_a_replica_that_accepts_and_stays_silent_times_out_before_any_byte():
     async def scenario():
         server, url = await raw_upstream(silent)
         sent = Collector()
-        async with aiohttp.ClientSession() as session:
-            with pytest.raises(FirstByteTimeout):
-                await relay(session, url + "/v1/completions", "POST", {}, b"{}", sent, 0.3, 0.0)
+        session = UpstreamPool()
+        with pytest.raises(FirstByteTimeout):
+            await relay(session, url + "/v1/completions", "POST", {}, b"{}", sent, 0.3, 0.0)
         server.close()
         return sent.messages
 
