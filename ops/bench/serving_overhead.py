@@ -52,6 +52,9 @@ P95_METRICS = ("p95_ttft_ms", "p95_tpot_ms")
 BARE_PORT = 8100
 HAPROXY_PORT = 8101
 SIDES = ("bare", "haproxy", "bare+ray", "hbmserve", "replica-direct", "hbmserve-nice15")
+# Each run follows a warm-up as long as itself (at least this many requests): with 48 alone, a
+# second run on the same bare server measured 1.08-1.36x its first (2026-12-05), so whichever
+# side ran first on a fresh server was handicapped.
 WARMUP_PROMPTS = 48
 
 
@@ -168,7 +171,8 @@ def measure(url: str, model, load: Load, headers: tuple[str, ...] = ()) -> dict[
     """Per concurrency: vLLM's serving metrics after a warm-up, and the CPU split of the run."""
     out = {}
     for c in load.concurrencies:
-        run_vllm_bench(url, model.name, model.source, c, WARMUP_PROMPTS, load.output_len, headers)  # warm-up
+        warm_up = max(WARMUP_PROMPTS, load.prompts)
+        run_vllm_bench(url, model.name, model.source, c, warm_up, load.output_len, headers)  # discarded
         with CpuMeter() as meter:
             got = run_vllm_bench(url, model.name, model.source, c, load.prompts, load.output_len, headers)
         out[c] = {**got, "cpu_s_per_1k_tokens": meter.split.per_1k(got["output_tokens"])}
