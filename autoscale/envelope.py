@@ -139,8 +139,12 @@ def observed_envelope(env: BurstEnvelope | None, now: float, rate_rps: float,
     """`env` with the snapshot's rate at `now`; None when the envelope is off (burst_memory_s 0)."""
     if config.burst_memory_s <= 0:
         return None
-    # The first look-back window's rate climbs from nothing as the window fills: no burst.
-    env = env if env is not None else BurstEnvelope(bucket_started_at=now + config.look_back_s)
+    # The first look-back window's rate climbs from nothing as the window fills: no burst. The
+    # memory starts from the prior, if any: the service's past (autoscale/memory/prior.py).
+    if env is None:
+        keep = max(1, math.ceil(config.burst_memory_s / bucket_of(config)))
+        env = BurstEnvelope(bucket_started_at=now + config.look_back_s,
+                            rises_rps=config.prior_rises_rps[-keep:])
     return env.observe(now, rate_rps, bucket_of(config), config.burst_memory_s)
 
 

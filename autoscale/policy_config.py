@@ -83,6 +83,10 @@ class AutoscaleConfig:
     # How long a peak is taken to last, its backlog's drain included: real bursts last 1-3
     # minutes. 60 s left misses after every burst the envelope had seen on the Azure code trace.
     burst_length_s: float = 90.0
+    # The envelope's rises to start from, learnt from the service's past (core PriorSpec,
+    # autoscale/memory/prior.py); empty: no memory at start.
+    prior_rises_rps: tuple[float, ...] = ()
+    prior_source: str = ""
 
     def __post_init__(self) -> None:
         problems = []
@@ -116,6 +120,8 @@ class AutoscaleConfig:
                      "hot_idle_usd_per_hour", "warm_idle_usd_per_hour", "burst_memory_s"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
+        if any(not r >= 0 for r in self.prior_rises_rps):
+            problems.append("prior_rises_rps must all be >= 0")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -130,6 +136,8 @@ class AutoscaleConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown autoscale config field(s): {', '.join(unknown)}")
+        if "prior_rises_rps" in values:  # a list once it has been through JSON (Serve's policy_kwargs)
+            values = {**values, "prior_rises_rps": tuple(values["prior_rises_rps"])}
         return cls(**values)
 
 
@@ -153,6 +161,9 @@ def autoscale_config_for(model: ModelSpec, estimated_capacity_rps: float | None 
     a = model.autoscaling
     if a is None:
         return None
+    if isinstance(a.prior, str):  # core/config.py load_cluster_spec reads the file; data alone has only its name
+        raise ValueError(f"models.{model.name}.autoscaling.prior: {a.prior!r} is a file path; load the config "
+                         f"file (hbmserve.core.config.load_cluster_spec) to read it")
     stated = "replica_capacity_rps" in a.model_fields_set
     capacity = a.replica_capacity_rps if stated or estimated_capacity_rps is None \
         else estimated_capacity_rps
@@ -174,4 +185,6 @@ def autoscale_config_for(model: ModelSpec, estimated_capacity_rps: float | None 
         tpot_floor_s=tpot_floor_s,
         burst_memory_s=a.burst.memory_s, burst_length_s=a.burst.length_s,
         slo_miss_usd=a.slo_miss_usd,
+        prior_rises_rps=a.prior.rises_rps if a.prior is not None else (),
+        prior_source=a.prior.learned_from if a.prior is not None else "",
     )

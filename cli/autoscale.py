@@ -25,6 +25,8 @@ settings can meet its SLO on this trace at any replica count up to max_replicas
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -33,6 +35,7 @@ import typer
 from hbmserve.cli.user_errors import fail, user_errors
 
 ALL = "all"
+NO_PRIOR = "hbmserve (no prior)"  # with --prior-trace: the same policy starting with no memory
 
 
 def evaluate_cmd(
@@ -68,6 +71,9 @@ def evaluate_cmd(
         "frontier) and mark the policies it dominates; default: with --policy all")] = None,
     allow_slo_miss: Annotated[bool, typer.Option("--allow-slo-miss", help="run even when a full engine step "
                                                  "breaks the TPOT target (max_num_batched_tokens too large)")] = False,
+    prior_trace: Annotated[Optional[Path], typer.Option(
+        "--prior-trace", help="the service's past: learn the autoscaler's prior from it (autoscale learn) and "
+        "judge hbmserve with it on --trace, beside hbmserve without it")] = None,
 ) -> None:
     """Replay a trace through the simulated cluster under one scaling policy (or all of them)."""
     from hbmserve.autoscale.registry import POLICIES
@@ -91,13 +97,25 @@ def evaluate_cmd(
         scaling = TraceScaling(time_scale, token_scale, clip)
         arr = scale_trace(read_trace(trace), scaling)
         auto = eval_config(cluster, arr)
+        memoryless = auto
+        if prior_trace is not None:
+            from hbmserve.autoscale.memory.prior import learnt_config
+
+            auto = learnt_config(auto, prior_from_trace(prior_trace, scaling, auto, interval))
     except user_errors() as err:
         raise fail(str(err)) from None
     check = slo_check_for(cluster.scenario, arr, auto.max_replicas)
     check_slo(check, cluster.model_name, allow_slo_miss)
     comparison = compare(names, cluster, arr, auto,
                          frontier=policy == ALL if frontier is None else frontier)
-    results, oracle = list(comparison.results), comparison.oracle
+    results, oracle, wall_s = list(comparison.results), comparison.oracle, dict(comparison.wall_s)
+    if prior_trace is not None and "hbmserve" in names:
+        from hbmserve.capacity.sim.evaluate import evaluate
+
+        t0 = time.perf_counter()
+        results.insert(names.index("hbmserve") + 1,
+                       replace(evaluate("hbmserve", cluster, arr, memoryless), policy=NO_PRIOR))
+        wall_s[NO_PRIOR] = time.perf_counter() - t0
     if plot is not None:
         from hbmserve.capacity.sim.eval_plot import plot_replicas_vs_load
 
@@ -107,15 +125,20 @@ def evaluate_cmd(
     settings = {"trace": str(trace), "cluster": cluster.source, "model": cluster.model_name,
                 "time_scale": time_scale, "token_scale": token_scale, "clip_s": clip,
                 "startup_s": {t.value: s for t, s in auto.startup_s.items()},
-                "decision_interval_s": interval, **check.to_json_dict()}
+                "decision_interval_s": interval, **check.to_json_dict(),
+                **({"prior": {"trace": str(prior_trace), "learned_from": auto.prior_source,
+                              "rises_rps": list(auto.prior_rises_rps)}} if prior_trace is not None else {})}
     if json_out:
-        objs = {r.policy: {**r.to_json_dict(), "sim_wall_s": comparison.wall_s[r.policy],
+        objs = {r.policy: {**r.to_json_dict(), "sim_wall_s": wall_s[r.policy],
                            **_vs_oracle(r, oracle), **_frontier_marks(r, comparison)}
                 for r in results}
+        if policy != ALL and prior_trace is not None and NO_PRIOR in objs:
+            objs[policy]["without_prior"] = objs.pop(NO_PRIOR)
         curve = ({"static_frontier": frontier_rows(comparison.frontier),
                   "static_frontier_wall_s": comparison.wall_s["static frontier"]}
                  if comparison.frontier else {})
-        out: dict[str, Any] = ({**objs[policy], **check.to_json_dict(), **curve}
+        prior = {"prior": settings["prior"]} if "prior" in settings else {}
+        out: dict[str, Any] = ({**objs[policy], **check.to_json_dict(), **curve, **prior}
                                if policy != ALL else {**settings, "policies": objs, **curve})
         typer.echo(json.dumps(out))
     else:
@@ -161,6 +184,10 @@ def _print_table(results: list[Any], settings: dict[str, Any], n: int, span_s: f
             f"(time x{settings['time_scale']:g}, tokens x{settings['token_scale']:g}); "
             f"{settings['model']} from {settings['cluster']}; {config.replica_capacity_rps:.2f} "
             f"req/s per replica at the SLO, peak {peak:.2f} req/s")
+    if "prior" in settings:
+        p = settings["prior"]
+        c.print(f"hbmserve starts from the prior learnt from {p['learned_from']}: rises of "
+                f"{min(p['rises_rps']):.2f}-{max(p['rises_rps']):.2f} req/s; '{NO_PRIOR}' starts with no memory")
     t = Table("policy", "SLO attain.", "TTFT p95 s", "TPOT p95 ms", "GPU-h",
               *(("GPU-h/oracle",) if oracle is not None else ()), "cost $",
               "replicas mean/peak", "scale actions (/h)", "cancelled starts",
@@ -320,10 +347,57 @@ def _write_trace(arr: Any, out: Path, duration: float) -> None:
     typer.echo(f"{len(arr)} requests over {duration:g} s written to {out}")
 
 
+def prior_from_trace(path: Path, scaling: Any, auto: Any, interval_s: float) -> Any:
+    """The PriorSpec the trace at `path` teaches the envelope of `auto` (scaled as the trace judged)."""
+    from hbmserve.autoscale.memory.prior import learn_prior
+    from hbmserve.capacity.sim.evaluate import scale_trace
+    from hbmserve.capacity.traces.arrivals import read_trace
+
+    return learn_prior(scale_trace(read_trace(path), scaling).t.tolist(), auto, source=path.name, interval_s=interval_s)
+
+
+def learn_cmd(
+    trace: Annotated[Path, typer.Option("--trace", help="the service's past: CSV (arrived_at,"
+                                        "num_prefill_tokens,num_decode_tokens) or JSONL")],
+    out: Annotated[Path, typer.Option("--out", help="where to write the prior (YAML)")],
+    config: Annotated[Optional[Path], typer.Option("--config", help="cluster YAML; default: the "
+                                                   "reference cluster")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="model in the config (default: first)")] = None,
+    time_scale: Annotated[float, typer.Option("--time-scale", help="stretch trace time")] = 1.0,
+    interval: Annotated[float, typer.Option("--decision-interval", help="policy period, seconds")] = 1.0,
+) -> None:
+    """Learn the autoscaler's prior (its burst envelope) from a trace of the service's past; the
+    config takes the file as models[].autoscaling.prior (autoscale/memory/prior.py)."""
+    import yaml
+
+    from hbmserve.autoscale.memory.prior import held_before_traffic, learnt_config
+    from hbmserve.capacity.sim.evaluate import TraceScaling, eval_config, load_eval_cluster, scale_trace
+    from hbmserve.capacity.traces.arrivals import read_trace
+
+    try:
+        cluster = load_eval_cluster(config, model=model, decision_interval_s=interval)
+        scaling = TraceScaling(time_scale, 1.0, None)
+        auto = eval_config(cluster, scale_trace(read_trace(trace), scaling))
+        prior = prior_from_trace(trace, scaling, auto, interval)
+    except user_errors() as err:
+        raise fail(str(err)) from None
+    header = (f"# hbmserve autoscale learn: the burst envelope's prior for {cluster.model_name}, from {trace}.\n"
+              f"# Use it as models[].autoscaling.prior: {out.name} (a path against the config's folder) or inline.\n")
+    try:
+        out.write_text(header + yaml.safe_dump(prior.model_dump(mode="json"), sort_keys=False))
+    except OSError as err:
+        raise fail(f"--out {out}: {err.strerror or err}") from None
+    rises, held = prior.rises_rps, held_before_traffic(learnt_config(auto, prior))
+    typer.echo(f"{len(rises)} buckets of {prior.bucket_s:g} s ({prior.learned_from}); rises {min(rises):.2f}-"
+               f"{max(rises):.2f} req/s. At {auto.replica_capacity_rps:.2f} req/s a replica, before any traffic: "
+               f"{held.describe() if held else 'the burst envelope is off'}. Written to {out}")
+
+
 def register(app: typer.Typer) -> None:
     sub = typer.Typer(help="Evaluate autoscaling policies in the simulator.",
                       no_args_is_help=True)
     sub.command("evaluate")(evaluate_cmd)
+    sub.command("learn")(learn_cmd)
     sub.command("burst-trace")(burst_trace_cmd)
     sub.command("code-trace")(code_trace_cmd)
     sub.command("lulls-trace")(lulls_trace_cmd)

@@ -22,6 +22,7 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
 def user_errors() -> tuple[type[Exception], ...]:
     """The exceptions that mean the user's input is wrong (a config, trace, model, catalog or
     endpoint), each raised with a message naming the field: `fail` with it, exit 2."""
+    from hbmserve.autoscale.memory.prior import PriorError
     from hbmserve.capacity.perf.engine_core import EngineConfigError
     from hbmserve.capacity.perf.hardware import CatalogError
     from hbmserve.capacity.perf.model_shape import ModelConfigError
@@ -32,4 +33,4 @@ def user_errors() -> tuple[type[Exception], ...]:
     from hbmserve.capacity.traces.arrivals import TraceError
 
     return (ConfigError, CatalogError, ModelConfigError, TraceError, ScenarioError, EngineConfigError, EvalError,
-            EndpointError)
+            EndpointError, PriorError)

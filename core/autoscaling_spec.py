@@ -4,8 +4,10 @@ AutoscaleConfig (autoscale/policy_config.py) is built from it."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
+import yaml
 from pydantic import Field, model_validator
 
 from hbmserve.core.engine_settings import Strict as _Strict
@@ -56,6 +58,17 @@ class BurstEnvelopeSpec(_Strict):
     length_s: Annotated[float, Field(gt=0)] = 90.0
 
 
+class PriorSpec(_Strict):
+    """What the burst envelope learnt from the service's past (`hbmserve autoscale learn`, or a
+    controller's own history): each start-up-long bucket's rise in arrival rate. The policy
+    starts from these instead of an empty memory, so the first burst after a (re)deploy is no
+    surprise; live buckets replace them one by one, the smallest first."""
+
+    bucket_s: Annotated[float, Field(gt=0)]
+    rises_rps: Annotated[tuple[Annotated[float, Field(ge=0)], ...], Field(min_length=1)]
+    learned_from: str = ""  # the trace or history it came from, for the operator
+
+
 class AutoscalingSpec(_Strict):
     min_replicas: Annotated[int, Field(ge=0)] = 1
     max_replicas: Annotated[int, Field(ge=1)] = 1
@@ -88,6 +101,9 @@ class AutoscalingSpec(_Strict):
     # starts, before answering 503 + Retry-After.
     scale_from_zero_wait_s: Annotated[float, Field(gt=0)] = 120.0
     burst: BurstEnvelopeSpec = BurstEnvelopeSpec()
+    # The envelope to start from: a mapping, or the path of the file `hbmserve autoscale learn`
+    # wrote, which loading the config file reads (core/config.py); None: start with no memory.
+    prior: PriorSpec | str | None = None
     # What one request that misses its SLO costs you, in dollars: the policy holds a replica
     # through a lull, or keeps a standby, when the misses it saves are worth more than its idle
     # time (autoscale/warm_pool.py, autoscale/envelope.py). The knob that trades GPU-hours for
@@ -101,3 +117,21 @@ class AutoscalingSpec(_Strict):
                 f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})"
             )
         return self
+
+
+
+def with_prior_read(a: AutoscalingSpec, base: Path, field: str) -> AutoscalingSpec:
+    """`a` with a prior given as a file path replaced by that file's prior (a relative path
+    against `base`, the config's folder, like model sources). A missing or unreadable file is an
+    error naming `field`, not a policy without memory."""
+    if not isinstance(a.prior, str):
+        return a
+    path = Path(a.prior).expanduser()
+    path = path if path.is_absolute() else base / path
+    try:
+        prior = PriorSpec.model_validate(yaml.safe_load(path.read_text()))
+    except OSError as err:
+        raise ValueError(f"{field}: cannot read {path} ({err.strerror or err})") from None
+    except (yaml.YAMLError, ValueError) as err:
+        raise ValueError(f"{field}: {path} is not a prior `hbmserve autoscale learn` wrote ({err})") from None
+    return a.model_copy(update={"prior": prior})

@@ -17,7 +17,7 @@ import yaml
 from pydantic import Field, IPvAnyNetwork, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from hbmserve.core.autoscaling_spec import AutoscalingSpec
+from hbmserve.core.autoscaling_spec import AutoscalingSpec, with_prior_read
 from hbmserve.core.cache_spec import WeightCacheSpec
 from hbmserve.core.adapters import AdapterSpec, LoraSlots, adapter_problems
 from hbmserve.core.disagg_spec import DisaggregationSpec, Parallelism, RayResources, Role, disaggregation_problems
@@ -365,7 +365,7 @@ def load_cluster_spec(path: str | os.PathLike[str] | None = None) -> ClusterSpec
     except yaml.YAMLError as err:
         raise ConfigError(f"invalid config {source}: not valid YAML ({err})") from None
     spec = parse_cluster_spec(data, source)
-    return _resolve_auth(_resolve_topology(_resolve_sources(spec, base), base, source), base)
+    return _resolve_auth(_resolve_topology(_resolve_sources(spec, base, source), base, source), base)
 
 
 def _absolute(path: str, base: Path) -> Path:
@@ -373,9 +373,15 @@ def _absolute(path: str, base: Path) -> Path:
     return p if p.is_absolute() else (base / p).resolve()
 
 
-def _resolve_sources(spec: ClusterSpec, base: Path) -> ClusterSpec:
+def _resolve_sources(spec: ClusterSpec, base: Path, source: str) -> ClusterSpec:
     models = []
-    for m in spec.models:
+    for i, m in enumerate(spec.models):
+        if m.autoscaling is not None and isinstance(m.autoscaling.prior, str):
+            try:
+                a = with_prior_read(m.autoscaling, base, f"models[{i}].autoscaling.prior")
+            except ValueError as err:
+                raise ConfigError(f"invalid config {source}: {err}") from None
+            m = m.model_copy(update={"autoscaling": a})
         if m.source.startswith((".", "/", "~")):
             m = m.model_copy(update={"source": str(_absolute(m.source, base))})
         kv = m.disaggregation.connector if m.disaggregation is not None else None

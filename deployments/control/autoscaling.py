@@ -36,6 +36,7 @@ from typing import Any, Collection, Mapping
 
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.policy import PolicyState, decide
+from hbmserve.autoscale.memory.resume import resumed_envelope
 from hbmserve.autoscale.roles import RoleAssignment, RolesState, age_order, assign_roles, current_active
 from hbmserve.autoscale.slots import leaving
 from hbmserve.capacity.perf.length_capacity import CapacityTable, LengthStats
@@ -46,12 +47,16 @@ from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, ScaleDecision, 
 from hbmserve.deployments.wire.autoscaling_stats import (STAT_ARRIVAL_RPS, STAT_KV_USAGE, STAT_LENGTH_SAMPLES, STAT_LOAD_S,
                                              STAT_OUTPUT_TOKENS, STAT_PROMPT_TOKENS, STAT_RUNNING, STAT_TPOT_P95_S,
                                              STAT_TTFT_P95_S, STAT_WAITING, STAT_WAKE_S)
-from hbmserve.deployments.wire.records_store import TTL_S, DecisionLog, ingress_demand, latest_warm_tier
+from hbmserve.deployments.wire.records_store import (TTL_S, DecisionLog, ingress_demand, latest_warm_tier,
+                                                    save_envelope, saved_envelope)
 
 # Fewer finished requests than this (over all replicas) leave the configured capacity in place.
 MIN_LENGTH_SAMPLES = 20
 
 POLICY_STATE_KEY = "hbmserve"
+# The burst envelope is saved to Ray's KV store this often at most (when it changed): a restart
+# loses at most this much of a bucket's rise.
+ENVELOPE_SAVE_S = 10.0
 ROLES_KEY = "hbmserve_roles"
 DECISION_KEY = "hbmserve_decision"
 POLICY_PATH = "hbmserve.deployments.control.autoscaling:HbmServeAutoscalingPolicy"
@@ -183,7 +188,8 @@ def decide_from_context(ctx: PolicyContext, config: AutoscaleConfig, demand: Ing
                         capacity: CapacityTable | None = None,
                         warm_tier: WarmTierRecord | None = None,
                         slot_of: Mapping[str, int] | None = None,
-                        promote_s: float | None = None) -> tuple[int, dict[str, Any]]:
+                        promote_s: float | None = None,
+                        saved: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
     """The whole translation, context in, Serve's answer out; no logging, no I/O.
 
     `warm_tier`: the warm-tier aggregator's last record (None: none runs, so no warm node is
@@ -191,13 +197,15 @@ def decide_from_context(ctx: PolicyContext, config: AutoscaleConfig, demand: Ing
     (slot_autoscaling.py). Serve then stops the replicas in the slots at or above the new
     target (autoscale/slots.py), so the roles are assigned among the others and the leaving
     ones are out of rotation at once. `promote_s`: a sleeping pool's promotion
-    (`with_measured_startup`)."""
+    (`with_measured_startup`). `saved`: the envelope the policy saved before, taken
+    only when Serve hands over no state (a new controller: autoscale/memory/resume.py)."""
     config = with_observed_capacity(with_measured_startup(config, ctx, promote_s), ctx, capacity)
     prior_state = ctx.policy_state or {}
     prior = prior_state.get(POLICY_STATE_KEY)
-    state = PolicyState.from_dict(prior) if prior else PolicyState()
     roles = RolesState.from_dict(prior_state.get(ROLES_KEY))
     running, order, snapshot = pool_view(ctx, roles, config.look_back_s, demand)
+    state = PolicyState.from_dict(prior) if prior else \
+        PolicyState(envelope=resumed_envelope(saved, snapshot.now, config))
     decision, state = decide(snapshot, config, state)
     gone = leaving(slot_of, serve_target(decision.target_active, decision.target_standby)) if slot_of else frozenset()
     assignment = roles_after(snapshot, [r for r in running if r not in gone], order, roles, decision.target_active)
@@ -277,6 +285,7 @@ class HbmServeAutoscalingPolicy:
         self.promote_s = promote_s  # set for a model whose standbys sleep (with_measured_startup)
         self._log = logging.getLogger("ray.serve")
         self._decisions = DecisionLog()
+        self._envelope_saved: dict[str, tuple[float, Any]] = {}  # deployment -> (when, what) last saved
 
     def __call__(self, ctx: PolicyContext) -> tuple[int, dict[str, Any]]:
         return self.step(ctx, ctx.deployment_name)
@@ -290,13 +299,25 @@ class HbmServeAutoscalingPolicy:
             warm_tier = latest_warm_tier()
         except RecordError:  # another hbmserve version's aggregator: keep no warm pool, as with none
             warm_tier = None
+        saved = None if (ctx.policy_state or {}).get(POLICY_STATE_KEY) else saved_envelope(app, deployment)
         target, policy_state = decide_from_context(ctx, self.config, ingress_demand(app, deployment),
-                                                   self.capacity, warm_tier, slot_of, self.promote_s)
+                                                   self.capacity, warm_tier, slot_of, self.promote_s, saved)
+        self._save_envelope(app, deployment, policy_state[POLICY_STATE_KEY].get("envelope"))
         decision = decision_in(policy_state)
         if publish_decision(self._decisions, app, deployment, decision, ctx.policy_state):
             self._log.info("hbmserve autoscale %s: serve replicas %d; %s", deployment, target,
                            decision.reason)
         return target, policy_state
+
+
+    def _save_envelope(self, app: str | None, deployment: str, envelope: dict[str, Any] | None) -> None:
+        """Keep the envelope in Ray's KV store when it changed, at most every ENVELOPE_SAVE_S."""
+        last_at, last = self._envelope_saved.get(deployment, (float("-inf"), None))
+        now = time.monotonic()
+        if envelope is None or envelope == last or now - last_at < ENVELOPE_SAVE_S:
+            return
+        save_envelope(app, deployment, envelope)
+        self._envelope_saved[deployment] = (now, envelope)
 
 
 def publish_decision(log: DecisionLog, app: str | None, deployment: str, decision: DecisionRecord,

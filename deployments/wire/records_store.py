@@ -58,6 +58,10 @@ def _history_key(app: str | None, deployment: str) -> str:
     return f"autoscale-log/{app or '-'}/{deployment}"
 
 
+def _envelope_key(app: str | None, deployment: str) -> str:
+    return f"autoscale-envelope/{app or '-'}/{deployment}"
+
+
 def _demand_key(app: str | None, deployment: str, holder: str = "") -> str:
     return f"demand/{app or '-'}/{deployment}/{holder}"
 
@@ -194,6 +198,27 @@ def recent_decisions(app: str | None, deployment: str) -> tuple[DecisionRecord, 
         except RecordError:
             continue
     return tuple(out)
+
+
+def save_envelope(app: str | None, deployment: str, envelope: dict[str, Any]) -> None:
+    """The autoscaler's burst envelope (autoscale/envelope.py, as plain data), kept past a
+    controller restart or a redeploy (autoscale/memory/resume.py); nothing outside a Ray cluster."""
+    if not _kv()._internal_kv_initialized():
+        return
+    _kv()._internal_kv_put(_envelope_key(app, deployment), json.dumps(envelope).encode(), overwrite=True,
+                           namespace=KV_NAMESPACE)
+
+
+def saved_envelope(app: str | None, deployment: str) -> dict[str, Any] | None:
+    """What save_envelope kept last; None if nothing, or nothing this version can read."""
+    if not _kv()._internal_kv_initialized():
+        return None
+    raw = _kv()._internal_kv_get(_envelope_key(app, deployment), namespace=KV_NAMESPACE)
+    try:
+        got = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return got if isinstance(got, dict) else None
 
 
 def _kv():

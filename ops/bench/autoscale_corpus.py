@@ -44,7 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from hbmserve.autoscale.envelope import BurstEnvelope, bucket_of
+from hbmserve.autoscale.envelope import BurstEnvelope
+from hbmserve.autoscale.memory.prior import observed_rises
 from hbmserve.autoscale.policy import PolicyState
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.registry import POLICIES
@@ -91,11 +92,7 @@ def rate_series(arr: Arrivals, look_back_s: float) -> np.ndarray:
 
 def hindsight_envelope(arr: Arrivals, config: AutoscaleConfig) -> BurstEnvelope:
     """Every bucket's rise over the whole trace, as the policy would have recorded them."""
-    bucket = bucket_of(config)
-    env = BurstEnvelope(bucket_started_at=config.look_back_s)
-    for t, rate in enumerate(rate_series(arr, config.look_back_s)):
-        env = env.observe(float(t), float(rate), bucket, memory_s=arr.duration_s + bucket)
-    return BurstEnvelope(bucket_started_at=config.look_back_s, rises_rps=env.rises_rps)
+    return BurstEnvelope(bucket_started_at=config.look_back_s, rises_rps=observed_rises(arr.t.tolist(), config))
 
 
 def known_envelope_run(cluster: Any, arr: Arrivals, config: AutoscaleConfig) -> EvalResult:

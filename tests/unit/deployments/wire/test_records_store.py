@@ -183,6 +183,35 @@ def test_the_policy_publishes_what_it_decided_and_replicas_read_their_role(kv):
     assert PlacedEngineReplica._decision_deployment(slot) == "engine-org-m"
 
 
+def test_a_new_controller_goes_on_from_the_envelope_the_last_one_saved(kv):
+    """Serve keeps policy_state in the controller's memory: a restarted controller hands the
+    policy an empty one. The envelope comes back from the KV store, not from zero (issue 38)."""
+    from hbmserve.deployments.control import autoscaling as sa
+
+    def ctx(now: float, policy_state: dict):
+        return SimpleNamespace(app_name="app", deployment_name="engine", current_time=now, running_replicas=["r1"],
+                               raw_metrics={}, aggregated_metrics={}, current_num_replicas=1, target_num_replicas=1,
+                               policy_state=policy_state)
+
+    fields = dict(min_replicas=1, max_replicas=8, hot_standby_min=0, hot_standby_max=0, replica_capacity_rps=2.0)
+    learnt = sa.HbmServeAutoscalingPolicy(**fields, prior_rises_rps=[1.0, 9.0])  # as JSON hands a prior over
+    _, state = learnt(ctx(100.0, {}))
+    assert store.saved_envelope("app", "engine")["rises_rps"] == [1.0, 9.0]
+    held = sa.decision_in(state).burst_hold
+    assert held >= 3
+    # A new controller, configured without the prior: its first decision holds the same replicas.
+    _, fresh = sa.HbmServeAutoscalingPolicy(**fields)(ctx(105.0, {}))
+    assert sa.decision_in(fresh).burst_hold == held
+    assert list(fresh[sa.POLICY_STATE_KEY]["envelope"]["rises_rps"]) == [1.0, 9.0]
+    # Back a day later (a redeploy): the rises stay, the bucket clock starts again.
+    _, later = sa.HbmServeAutoscalingPolicy(**fields)(ctx(100.0 + 86_400, {}))
+    assert list(later[sa.POLICY_STATE_KEY]["envelope"]["rises_rps"]) == [1.0, 9.0]
+    assert later[sa.POLICY_STATE_KEY]["envelope"]["bucket_started_at"] > 86_400
+    # Without a save or a prior, a controller starts with no memory.
+    _, none = sa.HbmServeAutoscalingPolicy(**fields)(SimpleNamespace(**{**vars(ctx(100.0, {})), "app_name": "other"}))
+    assert sa.decision_in(none).burst_hold == 0
+
+
 def test_a_replica_info_reply_is_a_valid_replica_info(monkeypatch):
     import ray
     from ray import serve

@@ -1,0 +1,93 @@
+"""A prior for the burst envelope, learnt from a service's past traffic (issue 38, requirement 1).
+
+Why: the envelope (autoscale/envelope.py) learns how far the rate climbs within one cold start,
+but it starts empty, so the first burst after every deploy, restart or evaluation is a surprise
+that a real service, which ran yesterday, need not meet. A prior is that memory written down:
+`hbmserve autoscale learn --trace past.csv --out prior.yaml` writes it, the config takes it as
+`autoscaling.prior`, and the policy starts its envelope from it.
+
+How it is learnt: the same envelope, fed the rate the policy would have seen (the look-back
+mean of arrivals, each `interval_s`, as the simulator's snapshot reports it) over the whole past
+trace, keeping every bucket. A prior holds at most as many buckets as the envelope remembers
+(`burst_memory_s` / bucket); a longer past is summarised by evenly spaced quantiles of its rises,
+so yesterday's bursts keep their share of the buckets. They are ordered smallest first: live
+buckets replace the oldest first, so the largest bursts of the past are the last forgotten.
+
+Pure: arrival times in, a PriorSpec out.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Sequence
+
+from dataclasses import replace
+
+from hbmserve.autoscale.envelope import BurstEnvelope, EnvelopeFloor, bucket_of, burst_floor, observed_envelope
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.core.autoscaling_spec import PriorSpec
+
+
+class PriorError(ValueError):
+    """The past cannot teach a prior (too short, or the envelope is off): the message says why."""
+
+
+def rate_samples(arrivals_s: Sequence[float], look_back_s: float, interval_s: float):
+    """(now, the look-back mean rate) each `interval_s` from 0 past the last arrival, as a driver's
+    snapshot reports it: over the part of the window seen, at least 1 s, until it fills."""
+    if not arrivals_s:
+        return
+    ticks = math.ceil((arrivals_s[-1] + interval_s) / interval_s)  # the last one at or past the last arrival
+    for i in range(ticks):
+        now = i * interval_s
+        seen = min(look_back_s, max(now, 1.0))
+        n = bisect_right(arrivals_s, now) - bisect_right(arrivals_s, now - look_back_s)
+        yield now, n / seen
+
+
+def observed_rises(arrivals_s: Sequence[float], config: AutoscaleConfig, interval_s: float = 1.0) -> tuple[float, ...]:
+    """Every closed bucket's rise over the trace, oldest first (nothing forgotten)."""
+    bucket = bucket_of(config)
+    everything_s = (arrivals_s[-1] if arrivals_s else 0.0) + 2 * bucket
+    env = BurstEnvelope(bucket_started_at=config.look_back_s)
+    for now, rate in rate_samples(arrivals_s, config.look_back_s, interval_s):
+        env = env.observe(now, rate, bucket, memory_s=everything_s)
+    return env.rises_rps
+
+
+def summarise(rises: Sequence[float], keep: int) -> tuple[float, ...]:
+    """At most `keep` rises with the same spread as `rises`: evenly spaced quantiles, smallest first."""
+    ordered = sorted(rises)
+    if len(ordered) <= keep:
+        return tuple(ordered)
+    if keep == 1:
+        return (ordered[-1],)
+    return tuple(ordered[round(i * (len(ordered) - 1) / (keep - 1))] for i in range(keep))
+
+
+def learn_prior(arrivals_s: Sequence[float], config: AutoscaleConfig, source: str = "",
+                interval_s: float = 1.0) -> PriorSpec:
+    """The prior a service's past arrivals (seconds, sorted) teach the envelope of `config`.
+    Raises PriorError when the past is shorter than one bucket: it has nothing to teach."""
+    if config.burst_memory_s <= 0:
+        raise PriorError("autoscaling.burst.memory_s is 0: the burst envelope is off, so a prior would be unused")
+    bucket = bucket_of(config)
+    rises = observed_rises(arrivals_s, config, interval_s)
+    if not rises:
+        span = arrivals_s[-1] if arrivals_s else 0.0
+        raise PriorError(f"the trace spans {span:.0f} s: a prior needs at least one {bucket:g}-s bucket after "
+                         f"the first {config.look_back_s:g}-s look-back")
+    keep = max(1, math.ceil(config.burst_memory_s / bucket))
+    return PriorSpec(bucket_s=bucket, rises_rps=tuple(round(r, 4) for r in summarise(rises, keep)),
+                     learned_from=f"{source} ({len(rises)} buckets of {bucket:g} s)".strip())
+
+
+def learnt_config(config: AutoscaleConfig, prior: PriorSpec) -> AutoscaleConfig:
+    """`config` starting its envelope from `prior`."""
+    return replace(config, prior_rises_rps=prior.rises_rps, prior_source=prior.learned_from)
+
+
+def held_before_traffic(config: AutoscaleConfig) -> EnvelopeFloor | None:
+    """What the prior alone makes the policy hold at its first decision; None: the envelope is off."""
+    return burst_floor(observed_envelope(None, 0.0, 0.0, config), config)
