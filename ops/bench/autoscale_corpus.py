@@ -14,6 +14,7 @@ runs them. The corpus:
                 sojourns, prompt-heavy)
   lulls-chat-0  the same, chat lengths, with a diurnal drift of +-50 % over the hour
   diurnal-N     capacity/traces/diurnal_trace.py, seeds 0-1 (sinusoidal base, 4 bursts of 2-4x)
+  azure-*-2nd   the second half of each Azure trace, its first half the service's past
 
 Per trace: each policy's (SLO attainment, GPU-h, GPU-h / oracle), the fixed fleets that dominate
 it, and issue 27's targets for hbmserve (undominated; GPU-h <= 1.25x the oracle's at SLO
@@ -25,7 +26,15 @@ attainment >= the oracle's - 1 point). Two more rows, as online bounds (requirem
   first burst   the misses before the envelope has seen a burst: hbmserve's misses in the first
                 burst that reaches twice the capacity it held
 
+and, as a service lives (issue 38, requirement 2):
+
+  hbmserve (prior)  the same policy and config, its envelope starting from the prior learnt
+                (autoscale/memory/prior.py) from the service's past: another seed of the same
+                generator (seed + 10), or a real trace's first half for its second
+
 The simulator is deterministic: one run per trace. Exits 1 if any run undercuts the oracle.
+`--quick` (the development loop, ~3 min on 2 cores): lulls-0 and burst-0 cut to 30 min, and the
+conversation trace's second half.
 
     .venv/bin/python ops/bench/autoscale_corpus.py --azure-code AzureLLMInferenceTrace_code.csv \\
         --out out/autoscale_corpus.json --plot-dir out/autoscale_corpus
@@ -45,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from hbmserve.autoscale.envelope import BurstEnvelope
-from hbmserve.autoscale.memory.prior import observed_rises
+from hbmserve.autoscale.memory.prior import learn_prior, learnt_config, observed_rises
 from hbmserve.autoscale.policy import PolicyState
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.registry import POLICIES
@@ -62,24 +71,49 @@ from hbmserve.capacity.traces.lulls_trace import LullsTraceSpec, lulls_arrivals
 AZURE_CONV = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
 GPU_FACTOR, SLO_SLACK = 1.25, 0.01  # issue 27's target against the oracle
 KNOWN = "hbmserve (envelope known)"
+PRIOR = "hbmserve (prior)"  # its envelope starts from a prior learnt from the service's past
+QUICK = ("lulls-0", "burst-0", "azure-conv-2nd")  # --quick: these, each cut to QUICK_S
+QUICK_S = 1800.0
 
 
-def corpus(azure_code: Path | None) -> dict[str, Callable[[], Arrivals] | str]:
-    """Trace name -> loader, or the reason it is skipped."""
-    out: dict[str, Callable[[], Arrivals] | str] = {
-        "azure-conv": (lambda: read_trace(AZURE_CONV)) if AZURE_CONV.is_file()
-        else f"{AZURE_CONV} not found",
-        "azure-code": (lambda: read_trace(azure_code)) if azure_code and azure_code.is_file()
+Loader = Callable[[], Arrivals]
+SIBLING_SEED = 10  # a generated trace's other day: the same generator, this much further in seeds
+
+
+def _half(load: Loader, second: bool) -> Arrivals:
+    arr = load()
+    mid = float(arr.t[-1]) / 2
+    return arr.window(mid, float("inf")) if second else arr.window(0.0, mid)
+
+
+def corpus(azure_code: Path | None) -> dict[str, tuple[Loader, Loader | None] | str]:
+    """Trace name -> (loader, the loader of the service's past the prior is learnt from, or None),
+    or the reason it is skipped. The past of a generated trace is another seed of its generator;
+    a real trace's second half (`-2nd`) has its first half as its past."""
+    conv = lambda: read_trace(AZURE_CONV)  # noqa: E731
+    code = lambda: read_trace(azure_code)  # noqa: E731
+    out: dict[str, tuple[Loader, Loader | None] | str] = {
+        "azure-conv": (conv, None) if AZURE_CONV.is_file() else f"{AZURE_CONV} not found",
+        "azure-code": (code, None) if azure_code and azure_code.is_file()
         else "no --azure-code file (AzurePublicDataset data/AzureLLMInferenceTrace_code.csv)",
-        "code-0": lambda: code_arrivals(CodeTraceSpec(), 0),
-        "burst-0": lambda: burst_arrivals(BurstSpec(), 0),
     }
-    for seed in (0, 1, 2):
-        out[f"lulls-{seed}"] = lambda seed=seed: lulls_arrivals(LullsTraceSpec(), seed)
-    out["lulls-chat-0"] = lambda: lulls_arrivals(
-        LullsTraceSpec(mix="chat", diurnal_amplitude=0.5, diurnal_period_s=3600.0), 0)
-    for seed in (0, 1):
-        out[f"diurnal-{seed}"] = lambda seed=seed: diurnal_arrivals(DiurnalTraceSpec(), seed)
+    for name, load in (("azure-conv", conv), ("azure-code", code)):
+        out[f"{name}-2nd"] = ((lambda load=load: _half(load, True), lambda load=load: _half(load, False))
+                              if not isinstance(out[name], str) else out[name])
+    gens: dict[str, Callable[[int], Arrivals]] = {
+        "code": lambda seed: code_arrivals(CodeTraceSpec(), seed),
+        "burst": lambda seed: burst_arrivals(BurstSpec(), seed),
+        "lulls": lambda seed: lulls_arrivals(LullsTraceSpec(), seed),
+        "lulls-chat": lambda seed: lulls_arrivals(
+            LullsTraceSpec(mix="chat", diurnal_amplitude=0.5, diurnal_period_s=3600.0), seed),
+        "diurnal": lambda seed: diurnal_arrivals(DiurnalTraceSpec(), seed),
+    }
+    for name, seeds in (("code", (0,)), ("burst", (0,)), ("lulls", (0, 1, 2)), ("lulls-chat", (0,)),
+                        ("diurnal", (0, 1))):
+        for seed in seeds:
+            gen = gens[name]
+            out[f"{name}-{seed}"] = (lambda gen=gen, seed=seed: gen(seed),
+                                     lambda gen=gen, seed=seed: gen(seed + SIBLING_SEED))
     return out
 
 
@@ -133,7 +167,8 @@ def targets(name: str, rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "all_met": not dominated and gpu_x <= GPU_FACTOR and pts >= -100 * SLO_SLACK}
 
 
-def run_trace(name: str, arr: Arrivals, cluster: Any, plot_dir: Path | None) -> dict[str, Any]:
+def run_trace(name: str, arr: Arrivals, cluster: Any, plot_dir: Path | None,
+              past: Arrivals | None = None) -> dict[str, Any]:
     config = eval_config(cluster, arr)
     t0 = time.perf_counter()
     c = compare(list(POLICIES), cluster, arr, config, frontier=True)
@@ -141,10 +176,15 @@ def run_trace(name: str, arr: Arrivals, cluster: Any, plot_dir: Path | None) -> 
     oracle = c.oracle
     assert oracle is not None
     runs = (*c.results, known)
-    # A run's rivals: the baselines (not the oracle, nor the hindsight bound) and every fleet.
+    prior = None
+    if past is not None:
+        prior = learn_prior(past.t.tolist(), config, source="the service's past")
+        runs = (*runs, dataclasses.replace(evaluate("hbmserve", cluster, arr, learnt_config(config, prior)),
+                                           policy=PRIOR))
+    # A run's rivals: the baselines (not the oracle, nor hbmserve's own variants) and every fleet.
     rows = {r.policy: {**row_of(r, oracle), "dominated_by": [
         x.policy for x in (*runs, *c.frontier)
-        if x.policy not in (r.policy, "oracle", KNOWN) and dominates(x, r)]} for r in runs}
+        if x.policy not in (r.policy, "oracle", KNOWN, PRIOR) and dominates(x, r)]} for r in runs}
     fleets = [row_of(r, oracle) for r in c.frontier]
     undercut = undercut_oracle((*runs, *c.frontier), oracle)
     if plot_dir is not None:
@@ -159,6 +199,7 @@ def run_trace(name: str, arr: Arrivals, cluster: Any, plot_dir: Path | None) -> 
             "replica_capacity_rps": config.replica_capacity_rps, "results": rows,
             "static_frontier": fleets, "targets": targets("hbmserve", rows),
             "targets_envelope_known": targets(KNOWN, rows),
+            **({"targets_prior": targets(PRIOR, rows), "prior": prior.model_dump(mode="json")} if prior else {}),
             "first_burst": first_burst(arr, hb, config), "oracle_undercut_by": undercut,
             "wall_s": time.perf_counter() - t0}
 
@@ -193,6 +234,11 @@ def markdown(case: dict[str, Any]) -> list[str]:
                  + ("No burst beyond twice the fleet." if fb["onset_s"] is None else
                     f"First burst past twice the fleet at {fb['onset_s'] / 60:.1f} min: "
                     f"{fb['misses']} misses ({100 * fb['share_of_requests']:.2f}% of the trace)."))
+    if "targets_prior" in case:
+        p = case["targets_prior"]
+        lines.append(f"With a prior from the service's past: x{p['gpu_vs_oracle']:.2f} at "
+                     f"{p['slo_minus_oracle_pts']:+.2f} pts, dominated by {', '.join(p['dominated_by']) or 'none'}: "
+                     f"{'met' if p['all_met'] else 'missed'}.")
     return lines
 
 
@@ -202,9 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated trace names (default: all)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--plot-dir", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true",
+                    help=f"the development loop: {', '.join(QUICK)}, each cut to its first {QUICK_S:g} s (~3 min)")
     args = ap.parse_args(argv)
     cluster = load_eval_cluster(None)
-    only = {n for n in args.only.split(",") if n}
+    only = {n for n in args.only.split(",") if n} or (set(QUICK) if args.quick else set())
     report: dict[str, Any] = {"cluster": cluster.source, "cases": [], "skipped": {}}
     lines: list[str] = []
     for name, load in corpus(args.azure_code).items():
@@ -214,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
             report["skipped"][name] = load
             print(f"{name}: skipped ({load})", file=sys.stderr)
             continue
-        case = run_trace(name, load(), cluster, args.plot_dir)
+        load_now, load_past = load
+        arr, past = load_now(), load_past() if load_past else None
+        if args.quick:
+            arr = arr.window(0.0, QUICK_S)
+        case = run_trace(name, arr, cluster, args.plot_dir, past)
         report["cases"].append(case)
         lines += markdown(case)
         print("\n".join(markdown(case)), flush=True)
