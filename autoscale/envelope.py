@@ -164,3 +164,47 @@ def bucket_of(config: AutoscaleConfig) -> float:
     """One cold start, but at least one look-back: the rate is a look-back mean, so a shorter
     bucket (and the one before it) would see only part of a rise."""
     return max(config.burst_bucket_s or config.startup_cold_s, config.look_back_s)
+
+
+@dataclass(frozen=True)
+class LateStart:
+    """Replicas of a scale-up that would arrive too late to pay for themselves."""
+
+    dropped: int  # replicas not ordered
+    ready_in_s: float  # their start-up
+    left_s: float  # of the burst when they would be ready
+    why: str
+
+    def describe(self) -> str:
+        return self.why
+
+
+def late_starts(n: int, startup_s: float, *, burst_age_s: float, rate_rps: float, env: BurstEnvelope | None,
+                config: AutoscaleConfig) -> LateStart | None:
+    """Whether `n` replicas that take `startup_s` to serve, ordered `burst_age_s` into a burst,
+    would serve enough of it to pay for themselves (issue 38, requirement 3); None: order them.
+
+    Only a burst like those the envelope has seen is judged (the rate within the highest peak of
+    its closed buckets, the prior's included) and
+    only while it is younger than `burst_length_s`: a rise past every known peak, or one that
+    outlasts a burst, may be a new level, and replicas for a level always pay. A replica ready
+    with L seconds of the burst left serves about replica_capacity_rps * L requests that would
+    have missed; it costs its start-up, those L seconds and a scale-down delay at the hot
+    replica's price."""
+    if n <= 0 or env is None or burst_age_s >= config.burst_length_s:
+        return None
+    # Bursts seen before this one (the open bucket's rise is the burst now, known to nobody),
+    # and a burst indeed: the rate risen from the base by at least half the largest of them. A
+    # latency miss at a steady rate is no burst and gets its replicas.
+    biggest = max(env.rises_rps, default=0.0)
+    if not biggest > 0 or not 0.5 * biggest <= rate_rps - env.base_rps <= biggest:
+        return None
+    left_s = max(0.0, config.burst_length_s - burst_age_s - startup_s)
+    saved_usd = config.replica_capacity_rps * left_s * config.slo_miss_usd
+    cost_usd = config.hot_idle_usd_per_hour * (startup_s + left_s + config.downscale_delay_s) / 3600.0
+    if saved_usd >= cost_usd:
+        return None
+    return LateStart(n, startup_s, left_s,
+                     f"not in time: {n} replica(s) ready in {startup_s:.0f}s would find {left_s:.0f}s of a "
+                     f"{config.burst_length_s:.0f}-s burst {burst_age_s:.0f}s old (saves ${saved_usd:.2f}, "
+                     f"costs ${cost_usd:.2f})")

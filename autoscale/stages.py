@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
-from hbmserve.autoscale.envelope import BurstEnvelope, EnvelopeFloor, burst_floor, observed_envelope
+from hbmserve.autoscale.envelope import BurstEnvelope, EnvelopeFloor, burst_floor, late_starts, observed_envelope
 from hbmserve.autoscale.signals import (Load, RateTrend, latency_need, load_of, p95, queue_need,
                                        update_trend)
 from hbmserve.autoscale.warm_pool import PoolEconomics, PoolHold, PoolSizing, hold_tier, size_pool
@@ -306,7 +306,18 @@ def _toward_up(wanted: Wish, signals: Signals, state: PolicyState, base: PolicyS
                        replace(base, target_active=current, up_since=since))
     target = wanted.up
     plan = promotions(load.active + load.starting, load.standby, signals.warm_ready, target)
+    # Cold replicas for a burst they would arrive after are not ordered; faster tiers still are.
+    late = None if urgent or not wanted.symptom else late_starts(
+        plan.get(Tier.COLD, 0), config.startup_s[Tier.COLD], burst_age_s=now - since,
+        rate_rps=signals.arrival_rps, env=signals.envelope, config=config)
+    if late is not None:
+        target -= late.dropped
+        plan = {t: n for t, n in plan.items() if t is not Tier.COLD}
+        if target <= current:
+            return Outcome(current, f"hold {current} ({late.describe()})",
+                           replace(base, target_active=current, up_since=since))
     tiers = ", ".join(f"{n} {t.value}" for t, n in plan.items()) or "already starting"
+    tiers += f"; {late.describe()}" if late is not None else ""
     why = ""
     if urgent:
         why = (" from zero: requests held at the ingress" if current == 0 and load.pending

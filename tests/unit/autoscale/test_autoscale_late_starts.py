@@ -1,0 +1,47 @@
+"""Arrive in time (autoscale/envelope.py `late_starts`, issue 38 requirement 3): cold replicas
+for a burst they would arrive after are not ordered; faster tiers, new levels and bursts that
+outlast a burst's length still are, and the reason says which and why."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hbmserve.autoscale.envelope import BurstEnvelope, late_starts
+from hbmserve.autoscale.policy import PolicyState, decide
+from hbmserve.autoscale.policy_config import AutoscaleConfig
+from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot
+
+CONFIG = AutoscaleConfig(replica_capacity_rps=2.0, max_replicas=8, burst_length_s=90.0, hot_standby_max=0,
+                         warm_pool_max=0, upscale_delay_s=0.0)
+SEEN = BurstEnvelope(bucket_started_at=0.0, previous_min_rps=1.0, rises_rps=(1.0, 12.0))  # lulls at 1, bursts 12 higher
+
+
+def test_a_cold_start_longer_than_the_burst_is_not_ordered_for_a_known_burst():
+    late = late_starts(2, 180.0, burst_age_s=5.0, rate_rps=8.0, env=SEEN, config=CONFIG)
+    assert late is not None and late.dropped == 2 and late.left_s == 0.0
+    assert late.describe().startswith("not in time: 2 replica(s) ready in 180s would find 0s of a 90-s burst")
+
+
+def test_fast_help_new_levels_and_long_bursts_are_ordered():
+    assert late_starts(2, 5.0, burst_age_s=5.0, rate_rps=8.0, env=SEEN, config=CONFIG) is None  # a hot standby
+    assert late_starts(2, 180.0, burst_age_s=5.0, rate_rps=30.0, env=SEEN, config=CONFIG) is None  # past every peak
+    assert late_starts(2, 180.0, burst_age_s=95.0, rate_rps=8.0, env=SEEN, config=CONFIG) is None  # outlasted a burst
+    assert late_starts(2, 180.0, burst_age_s=5.0, rate_rps=8.0, env=None, config=CONFIG) is None  # no memory
+    assert late_starts(2, 180.0, burst_age_s=5.0, rate_rps=3.0, env=SEEN, config=CONFIG) is None  # no burst: a steady miss
+    first = BurstEnvelope(bucket_started_at=0.0, open_rise_rps=12.0, open_min_rps=1.0)  # the first burst, live
+    assert late_starts(2, 180.0, burst_age_s=5.0, rate_rps=8.0, env=first, config=CONFIG) is None
+    # A pricier miss makes the same late replica worth it: 2 req/s x 5 s left x $1 > its cost.
+    dear = replace(CONFIG, burst_length_s=190.0, slo_miss_usd=1.0)
+    assert late_starts(1, 180.0, burst_age_s=5.0, rate_rps=8.0, env=SEEN, config=dear) is None
+
+
+def test_the_policy_holds_through_a_known_burst_and_says_why():
+    snap = Snapshot(now=100.0, replicas=tuple(ReplicaSnapshot(f"r{i}", ReplicaState.ACTIVE, 30, 8, 0.5)
+                                              for i in range(2)), arrival_rate_rps=8.0, ttft_samples_s=(9.0,) * 10)
+    state = PolicyState(target_active=2, envelope=SEEN, up_since=95.0)
+    decision, after = decide(snap, CONFIG, state)
+    assert decision.target_active == 2 and "not in time" in decision.reason
+    assert after.up_since == 95.0  # the wish stands: it is judged again as the burst ages
+    # Past a burst's length the same load is a new level: replicas are ordered.
+    later, _ = decide(replace(snap, now=200.0), CONFIG, replace(state, up_since=95.0))
+    assert later.target_active > 2 and "not in time" not in later.reason
