@@ -13,12 +13,16 @@ The model, every term explicit:
 * Buckets. Time is cut into buckets one cold start-up long (`bucket_s`, at least one
   look-back): a replica let go at the start of a bucket is back at the earliest at its end.
   Each bucket records its rise: the highest arrival rate (the look-back mean the snapshot
-  reports) above the lowest one of that bucket and the one before (so a rise that starts near a bucket's end is seen whole). The
+  reports) above the lowest one of that bucket and the two before (so a rise that starts near a
+  bucket's end is seen whole, and a burst longer than a bucket is still measured from the lull
+  it rose from). The
   last `memory_s` of buckets are kept and older ones forgotten, so the envelope follows a
   diurnal drift with that lag. The first look-back window is not observed: its rate climbs
   from nothing while the window fills, which is no burst.
 * Peaks. Were a bucket like one of those to start now, its peak would be base + rise, with base
-  the lowest rate of the last one to two buckets (where a burst would rise from).
+  the lowest rate of the last one to three buckets (where a burst would rise from). Two buckets
+  were too few: inside a 5-minute burst both were the burst, and the floor held for a second
+  burst on top of it (burst-0: 5 replicas held for a 45 rps "peak" where 25 was the top).
 * Misses. A peak is taken to last L = `length_s` (burst_length_s, 90 s: real bursts last 1-3
   minutes, and the backlog a peak leaves takes about as long to drain). n replicas serve
   mu = n·c requests/s (c: one replica's capacity at the SLO). A peak lambda over mu queues
@@ -51,18 +55,22 @@ if TYPE_CHECKING:  # policy_config imports nothing from here; the type is only a
 @dataclass(frozen=True)
 class BurstEnvelope:
     """How far the arrival rate rose within each bucket (closed buckets oldest first, then the
-    open one), and the lowest rate of the previous and the open bucket."""
+    open one), and the lowest rate of the open bucket and the two before it."""
 
     bucket_started_at: float
     open_rise_rps: float = 0.0
     open_min_rps: float | None = None  # None: no sample in the open bucket yet
     previous_min_rps: float | None = None
     rises_rps: tuple[float, ...] = ()
+    earlier_min_rps: float | None = None  # the bucket before the previous one
+    # When the rate last came down by half of what its bucket had risen: it does after a burst
+    # and in noise, never on a steady ramp. None: not within the memory.
+    fell_at: float | None = None
 
     @property
     def base_rps(self) -> float:
-        """The lowest rate of the last one to two buckets: where a burst would rise from."""
-        mins = [m for m in (self.previous_min_rps, self.open_min_rps) if m is not None]
+        """The lowest rate of the last one to three buckets: where a burst would rise from."""
+        mins = [m for m in (self.earlier_min_rps, self.previous_min_rps, self.open_min_rps) if m is not None]
         return min(mins) if mins else 0.0
 
     @property
@@ -79,12 +87,20 @@ class BurstEnvelope:
         env = self
         keep = max(1, math.ceil(memory_s / bucket_s))
         while now >= env.bucket_started_at + bucket_s:  # close the buckets that ended
-            env = BurstEnvelope(env.bucket_started_at + bucket_s, 0.0, None, env.open_min_rps,
-                                (*env.rises_rps, env.open_rise_rps)[-keep:])
-        seen = env.open_min_rps is not None or env.previous_min_rps is not None
+            closed_at = env.bucket_started_at + bucket_s
+            forgotten = env.fell_at is not None and closed_at - env.fell_at > memory_s
+            env = BurstEnvelope(closed_at, previous_min_rps=env.open_min_rps,
+                                earlier_min_rps=env.previous_min_rps,
+                                rises_rps=(*env.rises_rps, env.open_rise_rps)[-keep:],
+                                fell_at=None if forgotten else env.fell_at)
+        seen = any(m is not None for m in (env.open_min_rps, env.previous_min_rps, env.earlier_min_rps))
         rise = rate_rps - min(env.base_rps, rate_rps) if seen else 0.0
+        # Come down by half of what this bucket rose: a burst ended, or noise wobbled (its top,
+        # the noise band, is then known too). A ramp only climbs.
+        fell = env.open_rise_rps > 0 and rise < 0.5 * env.open_rise_rps
         low = rate_rps if env.open_min_rps is None else min(env.open_min_rps, rate_rps)
-        return replace(env, open_rise_rps=max(env.open_rise_rps, rise), open_min_rps=low)
+        return replace(env, open_rise_rps=max(env.open_rise_rps, rise), open_min_rps=low,
+                       fell_at=now if fell else env.fell_at)
 
     @classmethod
     def from_dict(cls, values: dict) -> BurstEnvelope:
@@ -94,7 +110,8 @@ class BurstEnvelope:
 
         return cls(float(values["bucket_started_at"]), float(values.get("open_rise_rps", 0.0)),
                    rate("open_min_rps"), rate("previous_min_rps"),
-                   tuple(float(v) for v in values.get("rises_rps", ())))
+                   tuple(float(v) for v in values.get("rises_rps", ())), rate("earlier_min_rps"),
+                   rate("fell_at"))
 
 
 @dataclass(frozen=True)
@@ -143,8 +160,12 @@ def observed_envelope(env: BurstEnvelope | None, now: float, rate_rps: float,
     # memory starts from the prior, if any: the service's past (autoscale/memory/prior.py).
     if env is None:
         keep = max(1, math.ceil(config.burst_memory_s / bucket_of(config)))
-        env = BurstEnvelope(bucket_started_at=now + config.look_back_s,
-                            rises_rps=config.prior_rises_rps[-keep:])
+        rises = config.prior_rises_rps[-keep:]
+        # A past with lulls as well as bursts (some bucket rose under half the most) came down
+        # from its tops; a past that only climbed did not.
+        fell = bool(rises) and min(rises) < 0.5 * max(rises)
+        env = BurstEnvelope(bucket_started_at=now + config.look_back_s, rises_rps=rises,
+                            fell_at=now if fell else None)
     return env.observe(now, rate_rps, bucket_of(config), config.burst_memory_s)
 
 
@@ -158,6 +179,43 @@ def burst_floor(env: BurstEnvelope | None, config: AutoscaleConfig) -> EnvelopeF
                           slo_miss_usd=config.slo_miss_usd, bucket_s=bucket_of(config),
                           length_s=config.burst_length_s, ttft_s=config.ttft_p95_target_s,
                           max_replicas=config.max_replicas)
+
+
+@dataclass(frozen=True)
+class KnownPeak:
+    """The highest peak the envelope has seen, while the rate is within it: a burst like one
+    seen before, whose top is known, so the trend need not be projected past it."""
+
+    peak_rps: float  # the base now plus the largest closed rise
+    replicas: int  # worth holding for that peak (the docstring's "Worth", for this one peak)
+
+    def describe(self) -> str:
+        return f"within the known peak {self.peak_rps:.2f} rps: {self.replicas} hold it"
+
+
+def known_peak(env: BurstEnvelope | None, rate_rps: float, config: AutoscaleConfig) -> KnownPeak | None:
+    """The replicas worth holding for the highest peak seen (closed buckets and the prior), when
+    the rate now is at or under it; None: no burst seen yet, or the rate is past every one seen.
+
+    Why: inside a burst the trend climbs, and projected over a cold start it orders the replicas
+    for a rate twice the top (burst-0: 24 rps rising, 6 replicas ordered where 3 carried the 25
+    rps top), which then arrive as the burst ends. A burst's top, once seen, is the better
+    forecast; a rise past it is a new level and the trend is followed again. A top is known only
+    once the rate has been seen to come down (`fell_at`): on a steady ramp the rate always sits
+    at the top of what the last buckets saw, and only the trend sees where it goes."""
+    if env is None or not env.rises_rps or env.fell_at is None:
+        return None
+    peak = env.base_rps + max(env.rises_rps)
+    if rate_rps > peak:
+        return None
+    hold_usd = config.hot_idle_usd_per_hour * bucket_of(config) / 3600.0
+    cap = config.replica_capacity_rps
+
+    def cost(n: int) -> float:
+        return n * hold_usd + config.slo_miss_usd * peak_misses(
+            peak, n * cap, config.burst_length_s, config.ttft_p95_target_s)
+
+    return KnownPeak(peak, min(range(config.max_replicas + 1), key=lambda n: (cost(n), n)))
 
 
 def bucket_of(config: AutoscaleConfig) -> float:

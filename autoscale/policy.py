@@ -138,7 +138,7 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
     signals = read_signals(snapshot, config, state)
     needs = needs_of(signals, config)
     outcome = apply_hysteresis(wish(needs, signals, config), signals, state, config)
-    pool, state = hold_pool(pool_for(signals, config, outcome.target), signals, outcome.state,
+    pool, state = hold_pool(pool_for(signals, config, outcome.target, needs.known), signals, outcome.state,
                             config, outcome.target)
     decision = ScaleDecision(
         target_active=outcome.target,

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
-from hbmserve.autoscale.envelope import BurstEnvelope, EnvelopeFloor, burst_floor, late_starts, observed_envelope
+from hbmserve.autoscale.envelope import (BurstEnvelope, EnvelopeFloor, KnownPeak, burst_floor, known_peak,
+                                        late_starts, observed_envelope)
 from hbmserve.autoscale.signals import (Load, RateTrend, latency_need, load_of, p95, queue_need,
                                        update_trend)
 from hbmserve.autoscale.warm_pool import PoolEconomics, PoolHold, PoolSizing, hold_tier, size_pool
@@ -140,6 +141,8 @@ class Needs:
     tpot: int
     ingress: int  # 1 while requests are held with no active replica
     burst: EnvelopeFloor | None = None  # what the burst envelope holds; None: off
+    known: KnownPeak | None = None  # the rate is within a peak seen before: `rate` is capped to it
+    forecast: int = 0  # the trend's need before that cap
 
     @property
     def symptom(self) -> int:
@@ -155,10 +158,13 @@ def needs_of(signals: Signals, config: AutoscaleConfig) -> Needs:
     # whole drain, so never longer than backlog_drain_s nor asked faster than the TTFT target.
     drain_s = min(config.backlog_drain_s, max(config.ttft_p95_target_s, help_s))
     capacity, load = config.replica_capacity_rps, signals.load
+    forecast = 0 if signals.idle else rate_need(
+        signals.trend, signals.current, capacity * config.target_utilization,
+        signals.tier_for, startup, config.max_replicas)
+    known = known_peak(signals.envelope, signals.arrival_rps, config)
     return Needs(
-        rate=0 if signals.idle else rate_need(
-            signals.trend, signals.current, capacity * config.target_utilization,
-            signals.tier_for, startup, config.max_replicas),
+        rate=forecast if known is None else min(forecast, known.replicas),
+        forecast=forecast, known=known,
         queue=queue_need(load, config.target_queue_per_replica, arrival_rps=signals.arrival_rps,
                          replica_rps=capacity, horizon_s=help_s, drain_s=drain_s),
         ttft=latency_need(signals.ttft_p95_s, config.ttft_p95_target_s, load.active,
@@ -214,8 +220,10 @@ def wish(needs: Needs, signals: Signals, config: AutoscaleConfig) -> Wish:
     )
 
 
-def pool_for(signals: Signals, config: AutoscaleConfig, active: int) -> PoolSizing:
-    """Standbys per tier worth keeping beside `active` replicas (warm_pool.size_pool)."""
+def pool_for(signals: Signals, config: AutoscaleConfig, active: int,
+             known: KnownPeak | None = None) -> PoolSizing:
+    """Standbys per tier worth keeping beside `active` replicas (warm_pool.size_pool); inside a
+    known burst (`known`) none is kept for a climb past its top."""
     return size_pool(
         target_active=active, trend=signals.trend,
         replica_rps=config.replica_capacity_rps * config.target_utilization,
@@ -225,6 +233,7 @@ def pool_for(signals: Signals, config: AutoscaleConfig, active: int) -> PoolSizi
         hot_bounds=(config.hot_standby_min, config.hot_standby_max),
         warm_bounds=(config.warm_pool_min, config.warm_pool_max),
         max_replicas=config.max_replicas,
+        known_top_rps=None if known is None else known.peak_rps,
     )
 
 
@@ -378,6 +387,9 @@ def explain(outcome: Outcome, signals: Signals, needs: Needs, pool: PoolSizing,
     if tpot_unreachable(config):
         tpot += (f" (not chased: one sequence alone decodes at {1000 * config.tpot_floor_s:.0f}ms "
                  f"with these engine settings, replicas cannot fix it)")
+    known = ""
+    if needs.known is not None and needs.rate < needs.forecast:
+        known = f", not {needs.forecast}: {needs.known.describe()}"
     refill = ""
     if load.standby < pool.hot or signals.warm_ready < pool.warm:
         refill = (f"; refill hot {load.standby}→{pool.hot}, "
@@ -387,7 +399,7 @@ def explain(outcome: Outcome, signals: Signals, needs: Needs, pool: PoolSizing,
         f"rate {trend.level:.2f} rps ±{trend.sigma:.2f}, trend {trend.slope:+.4f}/s "
         f"(trusted {trend.trusted_slope:+.4f}/s) "
         f"(need {needs.rate} at {config.replica_capacity_rps * config.target_utilization:.2f}"
-        f" rps/replica); queue {load.queue_per_active:.1f}/replica vs "
+        f" rps/replica{known}); queue {load.queue_per_active:.1f}/replica vs "
         f"{config.target_queue_per_replica:g} (need {needs.queue}); "
         f"{needs.burst.describe() + '; ' if needs.burst is not None else ''}{ttft} "
         f"(need {needs.ttft}); {tpot} (need {needs.tpot}); kv {load.mean_kv_usage:.2f}; "

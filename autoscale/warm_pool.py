@@ -32,7 +32,7 @@ cancelled before they served on the Azure conversation trace).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hbmserve.autoscale.signals import RateTrend
 from hbmserve.core.scaling import Tier
@@ -116,14 +116,24 @@ def size_pool(
     warm_bounds: tuple[int, int],
     max_replicas: int,
     surge_prior_s: float = 600.0,
+    known_top_rps: float | None = None,
 ) -> PoolSizing:
+    """The module docstring's model. `known_top_rps`: the rate is inside a burst like one seen
+    before, whose top this is (envelope.known_peak): demand is taken to reach that top and no
+    further (no spread around it, no step past it), and the active replicas count at their full
+    capacity, as the known peak's replicas were sized. Without this the spread of the rate kept
+    a hot standby beside a fleet that carried the top (burst-0: 0.5 replica on average)."""
     room = max(0, max_replicas - target_active)
     t_hot, t_warm, t_cold = startup_s[Tier.HOT], startup_s[Tier.WARM], startup_s[Tier.COLD]
-    covered = target_active * replica_rps
+    covered = target_active * (replica_rps if known_top_rps is None else replica_max_rps)
+    if known_top_rps is not None:
+        trend = replace(trend, variance=0.0, surge_level=min(trend.surge_level, known_top_rps),
+                        step_peak=min(trend.step_peak, known_top_rps))
+    top = float("inf") if known_top_rps is None else known_top_rps
 
     hot_saving = economics.slo_miss_usd * replica_max_rps * max(0.0, t_warm - t_hot)
     hot_idle = economics.hot_idle_usd_per_hour * t_warm / 3600.0
-    mu_warm = trend.projected(t_warm)
+    mu_warm = min(trend.projected(t_warm), top)
     hot_model, p_hot = _count_worth_keeping(
         mu=mu_warm,
         sigma=trend.sigma,
@@ -139,7 +149,7 @@ def size_pool(
 
     warm_saving = economics.slo_miss_usd * replica_max_rps * max(0.0, t_cold - t_warm)
     warm_idle = economics.warm_idle_usd_per_hour * t_cold / 3600.0
-    mu_cold = trend.projected(t_cold)
+    mu_cold = min(trend.projected(t_cold), top)
     warm_room = max(0, room - hot)
     warm_model, p_warm = _count_worth_keeping(
         mu=mu_cold,

@@ -3,7 +3,9 @@ pool, reason text and PolicyState, over 300 seeded runs (tests/unit/data/policy_
 them). Frozen from the monolithic version before it was split into stages; regenerated only on
 purpose since (issue 10: scale-down demotes into the hot pool; issue 14: the pool's hysteresis,
 starts kept until they serve, a 180 s backlog drain; issue 27: the burst envelope, off in a
-third of the runs, whose targets did not move)."""
+third of the runs, whose targets did not move; issue 38: the envelope's base over three buckets,
+when the rate last came down and the known top in the reasons, with every target and standby
+count unchanged on all 300 cases)."""
 
 from __future__ import annotations
 
