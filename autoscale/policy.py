@@ -145,5 +145,6 @@ def decide(snapshot: Snapshot, config: AutoscaleConfig,
         target_standby={Tier.HOT: pool.hot, Tier.WARM: pool.warm, Tier.COLD: 0},
         reason=explain(outcome, signals, needs, pool, config),
         burst_hold=needs.burst.replicas if needs.burst is not None else 0,
+        not_in_time=outcome.not_in_time,
     )
     return decision, state

@@ -280,6 +280,7 @@ class Outcome:
     target: int  # active replicas
     action: str  # what was done and why, the head of the reason
     state: PolicyState
+    not_in_time: int = 0  # replicas a symptom asked for, not ordered: they would arrive late
 
 
 def apply_hysteresis(wanted: Wish, signals: Signals, state: PolicyState,
@@ -324,7 +325,7 @@ def _toward_up(wanted: Wish, signals: Signals, state: PolicyState, base: PolicyS
         plan = {t: n for t, n in plan.items() if t is not Tier.COLD}
         if target <= current:
             return Outcome(current, f"hold {current} ({late.describe()})",
-                           replace(base, target_active=current, up_since=since))
+                           replace(base, target_active=current, up_since=since), late.dropped)
     tiers = ", ".join(f"{n} {t.value}" for t, n in plan.items()) or "already starting"
     tiers += f"; {late.describe()}" if late is not None else ""
     why = ""
@@ -337,7 +338,8 @@ def _toward_up(wanted: Wish, signals: Signals, state: PolicyState, base: PolicyS
     return Outcome(target, f"up {current}→{target} ({tiers}){why}",
                    replace(base, target_active=target, last_scale_up_at=now,
                            starts_ready_at=now + slowest,
-                           latency_blind_until=now + slowest + config.look_back_s))
+                           latency_blind_until=now + slowest + config.look_back_s),
+                   late.dropped if late is not None else 0)
 
 
 def _toward_down(down_to: int, signals: Signals, state: PolicyState, base: PolicyState,

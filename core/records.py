@@ -138,6 +138,12 @@ class DecisionRecord(Record):
     startup_s: Mapping[Tier, float] = field(default_factory=dict)
     # Replicas the burst envelope holds through lulls (autoscale/envelope.py). Added with it.
     burst_hold: int = 0
+    # Replicas not ordered because they would arrive after the burst ("not in time" in the
+    # reason); the prior the envelope started from (autoscaling.prior's learned_from, "" none)
+    # and what it alone holds before any traffic. Added with issue 38.
+    not_in_time: int = 0
+    prior_source: str = ""
+    prior_hold: int = 0
     reason: str  # why, for people: the policy's reason and any role change
     serve_target: int  # replicas asked of Serve: the active ones plus the hot standbys
 

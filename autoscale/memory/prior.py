@@ -91,3 +91,9 @@ def learnt_config(config: AutoscaleConfig, prior: PriorSpec) -> AutoscaleConfig:
 def held_before_traffic(config: AutoscaleConfig) -> EnvelopeFloor | None:
     """What the prior alone makes the policy hold at its first decision; None: the envelope is off."""
     return burst_floor(observed_envelope(None, 0.0, 0.0, config), config)
+
+
+def prior_hold(config: AutoscaleConfig) -> int:
+    """Replicas the prior alone holds before any traffic, for operators; 0 without a prior."""
+    held = held_before_traffic(config) if config.prior_rises_rps else None
+    return held.replicas if held is not None else 0

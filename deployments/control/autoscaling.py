@@ -36,6 +36,7 @@ from typing import Any, Collection, Mapping
 
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.policy import PolicyState, decide
+from hbmserve.autoscale.memory.prior import prior_hold
 from hbmserve.autoscale.memory.resume import resumed_envelope
 from hbmserve.autoscale.roles import RoleAssignment, RolesState, age_order, assign_roles, current_active
 from hbmserve.autoscale.slots import leaving
@@ -254,6 +255,9 @@ def decision_record(snapshot: Snapshot, config: AutoscaleConfig, decision: Scale
         refused_rps_at_ingress=demand.refused_rps if demand else 0.0,
         startup_s=dict(config.startup_s),
         burst_hold=decision.burst_hold,
+        not_in_time=decision.not_in_time,
+        prior_source=config.prior_source,
+        prior_hold=prior_hold(config),
         reason=reason,
         serve_target=serve_target(decision.target_active, standby),
     )
@@ -271,8 +275,9 @@ def decision_in(policy_state: dict[str, Any] | None) -> DecisionRecord | None:
 
 
 def _plan(decision: DecisionRecord) -> tuple:
-    """What a decision changes in the cluster; a new plan is logged, a repeated one is not."""
-    return decision.target_active, dict(decision.target_standby), decision.active_replicas
+    """What a decision changes in the cluster, and the replicas it withheld as not in time; a
+    new plan is logged, a repeated one is not (a hold through a burst is logged once)."""
+    return decision.target_active, dict(decision.target_standby), decision.active_replicas, decision.not_in_time
 
 
 class HbmServeAutoscalingPolicy:

@@ -84,6 +84,8 @@ _GAUGES = {
     "hbmserve_autoscale_held_requests": "Requests the front doors hold for lack of an active replica",
     "hbmserve_autoscale_refused_rps": "Requests/s the front doors refuse for capacity, counted as demand",
     "hbmserve_autoscale_burst_hold_replicas": "Replicas the burst envelope holds through lulls",
+    "hbmserve_autoscale_not_in_time_replicas": "Replicas not ordered: they would arrive after the burst",
+    "hbmserve_autoscale_prior_hold_replicas": "Replicas the autoscaling prior alone holds before any traffic",
 }
 
 
@@ -152,6 +154,8 @@ class DecisionLog:
             "hbmserve_autoscale_held_requests": decision.held_at_ingress,
             "hbmserve_autoscale_refused_rps": decision.refused_rps_at_ingress,
             "hbmserve_autoscale_burst_hold_replicas": decision.burst_hold,
+            "hbmserve_autoscale_not_in_time_replicas": decision.not_in_time,
+            "hbmserve_autoscale_prior_hold_replicas": decision.prior_hold,
         }
         tags = {"application": app or "-", "deployment": deployment}
         for name, description in _GAUGES.items():

@@ -116,9 +116,13 @@ function drawDecisions(snap) {
   const current = $("#current");
   current.replaceChildren(...snap.current.map(({ model, decision: d }) => {
     const row = el("div", { "data-model": model, "data-target-active": d.target_active,
-      "data-serve-target": d.serve_target, "data-active": d.active_replicas.join(" ") });
-    row.append(el("b", {}, `${model}: `), el("span", {}, `${d.target_active} active, ${d.active_replicas.length} serving now; `),
-      el("span", { class: "reason" }, d.reason));
+      "data-serve-target": d.serve_target, "data-active": d.active_replicas.join(" "),
+      "data-not-in-time": d.not_in_time ?? 0, "data-prior-hold": d.prior_hold ?? 0 });
+    row.append(el("b", {}, `${model}: `), el("span", {}, `${d.target_active} active, ${d.active_replicas.length} serving now; `));
+    // The autoscaler's memory (issue 38): what the prior holds, and replicas withheld as too late.
+    const memory = [d.prior_source ? `prior ${d.prior_source} holds ${d.prior_hold}` : "", d.not_in_time ? `${d.not_in_time} not in time` : ""];
+    if (memory.some(Boolean)) row.append(el("span", { class: "memory" }, `${memory.filter(Boolean).join("; ")}; `));
+    row.append(el("span", { class: "reason" }, d.reason));
     return row;
   }));
   $("#decisions tbody").replaceChildren(...snap.decisions.map(({ model, decision: d }) => {

@@ -40,8 +40,8 @@ def test_the_policy_holds_through_a_known_burst_and_says_why():
                                               for i in range(2)), arrival_rate_rps=8.0, ttft_samples_s=(9.0,) * 10)
     state = PolicyState(target_active=2, envelope=SEEN, up_since=95.0)
     decision, after = decide(snap, CONFIG, state)
-    assert decision.target_active == 2 and "not in time" in decision.reason
+    assert decision.target_active == 2 and "not in time" in decision.reason and decision.not_in_time > 0
     assert after.up_since == 95.0  # the wish stands: it is judged again as the burst ages
     # Past a burst's length the same load is a new level: replicas are ordered.
     later, _ = decide(replace(snap, now=200.0), CONFIG, replace(state, up_since=95.0))
-    assert later.target_active > 2 and "not in time" not in later.reason
+    assert later.target_active > 2 and "not in time" not in later.reason and later.not_in_time == 0

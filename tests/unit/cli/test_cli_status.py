@@ -98,7 +98,7 @@ def test_status_json_keeps_its_shape(cli):
              "weights_s": None, "load_s": None, "sleeping": True, "wake_s": 1.75}],
         "autoscale": {"at": 12.5, "target_active": 1, "target_standby": {"hot": 1}, "active_replicas": ["r-a"],
                       "standby_replicas": ["r-b"], "held_at_ingress": 0, "refused_rps_at_ingress": 0.0,
-                      "startup_s": {"hot": 1.0, "warm": 3.2, "cold": 9.0}, "burst_hold": 0,
+                      "startup_s": {"hot": 1.0, "warm": 3.2, "cold": 9.0}, "burst_hold": 0, "not_in_time": 0, "prior_source": "", "prior_hold": 0,
                       "reason": "steady; 1 hot standby",
                       "serve_target": 2},
         "traffic": [{"model": "sleepy", "accepted": 3, "rejected": 1, "in_flight": 2, "queued": 1, "routable": 1,

@@ -61,7 +61,8 @@ def test_decision_json_form_is_the_one_hbmserve_status_has_always_printed():
         "at": 1000.5, "target_active": 2, "target_standby": {"hot": 1, "warm": 0},
         "active_replicas": ["r1", "r2"], "standby_replicas": ["r3"], "held_at_ingress": 4,
         "refused_rps_at_ingress": 0.0, "startup_s": {"hot": 1.0, "warm": 20.0, "cold": 60.0},
-        "burst_hold": 0, "reason": "queue 9 > 2 x 2 active; promote 1 standby", "serve_target": 3}
+        "burst_hold": 0, "not_in_time": 0, "prior_source": "", "prior_hold": 0,
+        "reason": "queue 9 > 2 x 2 active; promote 1 standby", "serve_target": 3}
 
 
 def test_readers_are_typed():

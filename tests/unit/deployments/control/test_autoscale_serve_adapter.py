@@ -7,6 +7,7 @@ cluster is started. The last test runs the policy through Serve's own wrapper
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -229,3 +230,29 @@ def test_the_warm_pool_is_kept_only_while_the_warm_tier_can_make_it_nodes():
     assert target == record.serve_target  # warm nodes are no Serve replicas
     no_nodes = WarmTierRecord(**{**tier.__dict__, "node_autoscaler": False})
     assert "no node autoscaler" in sa.decision_in(sa.decide_from_context(context(), cfg, warm_tier=no_nodes)[1]).reason
+
+
+def test_the_decision_record_carries_the_prior_and_what_it_holds():
+    from hbmserve.autoscale.memory.prior import prior_hold
+
+    plain = sa.decision_in(sa.decide_from_context(context(), AutoscaleConfig())[1])
+    assert (plain.prior_source, plain.prior_hold, plain.not_in_time) == ("", 0, 0)
+    learnt = AutoscaleConfig(replica_capacity_rps=2.0, prior_rises_rps=(0.2, 9.0, 9.0, 9.0),
+                             prior_source="past.csv (4 buckets of 180 s)")
+    record = sa.decision_in(sa.decide_from_context(context(), learnt)[1])
+    assert record.prior_source == "past.csv (4 buckets of 180 s)"
+    assert record.prior_hold == prior_hold(learnt) >= 5  # bursts of 9 rps on 2 rps replicas
+
+
+def test_a_hold_not_in_time_joins_the_decision_log_once(monkeypatch):
+    published: list[bool] = []
+    monkeypatch.setattr(sa.DecisionLog, "publish", lambda self, app, dep, decision, changed=True: published.append(changed))
+    _, state = sa.decide_from_context(context(), AutoscaleConfig())
+    record = sa.decision_in(state)
+    held = dataclasses.replace(record, not_in_time=2, reason=f"hold 2 (not in time: ...); {record.reason}")
+    again = dataclasses.replace(held, at=record.at + 1)
+    log = sa.DecisionLog()
+    changes = [sa.publish_decision(log, "app", "engine", d, {sa.DECISION_KEY: p.to_dict()})
+               for p, d in ((record, held), (held, again), (again, record))]
+    # The first hold is a new plan (logged); the same hold a tick later is not; its end is.
+    assert changes == [True, False, True] == published

@@ -64,7 +64,8 @@ def kv(monkeypatch):
 def record(**overrides) -> DecisionRecord:
     fields = dict(at=5.0, target_active=2, target_standby={Tier.HOT: 1}, active_replicas=("a", "b"),
                   standby_replicas=("c",), held_at_ingress=3, refused_rps_at_ingress=0.5, startup_s={Tier.WARM: 20.0},
-                  burst_hold=2, reason="scale up", serve_target=3)
+                  burst_hold=2, not_in_time=1, prior_source="past.csv (40 buckets of 180 s)", prior_hold=2,
+                  reason="scale up", serve_target=3)
     return DecisionRecord(**(fields | overrides))
 
 
@@ -77,7 +78,8 @@ def test_a_published_decision_reads_back_typed_and_sets_the_gauges(kv):
     gauges = {name: series[tags] for name, series in FakeGauge.values.items() if tags in series}
     assert gauges == {"hbmserve_autoscale_target_replicas": 3, "hbmserve_autoscale_active_replicas": 2,
                       "hbmserve_autoscale_standby_replicas": 1, "hbmserve_autoscale_held_requests": 3,
-                      "hbmserve_autoscale_refused_rps": 0.5, "hbmserve_autoscale_burst_hold_replicas": 2}
+                      "hbmserve_autoscale_refused_rps": 0.5, "hbmserve_autoscale_burst_hold_replicas": 2,
+                      "hbmserve_autoscale_not_in_time_replicas": 1, "hbmserve_autoscale_prior_hold_replicas": 2}
 
     def by(name: str, key: str) -> dict[str, float]:
         return {dict(t)[key]: v for t, v in FakeGauge.values[name].items()}
