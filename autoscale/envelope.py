@@ -66,6 +66,10 @@ class BurstEnvelope:
     # When the rate last came down by half of what its bucket had risen: it does after a burst
     # and in noise, never on a steady ramp. None: not within the memory.
     fell_at: float | None = None
+    # Bursts: the rate risen from the base by at least half the largest closed rise. When the
+    # one under way began (None: none is), and how long the last ones lasted (oldest first).
+    burst_from: float | None = None
+    lengths_s: tuple[float, ...] = ()
 
     @property
     def base_rps(self) -> float:
@@ -92,15 +96,23 @@ class BurstEnvelope:
             env = BurstEnvelope(closed_at, previous_min_rps=env.open_min_rps,
                                 earlier_min_rps=env.previous_min_rps,
                                 rises_rps=(*env.rises_rps, env.open_rise_rps)[-keep:],
-                                fell_at=None if forgotten else env.fell_at)
+                                fell_at=None if forgotten else env.fell_at,
+                                burst_from=env.burst_from, lengths_s=env.lengths_s)
         seen = any(m is not None for m in (env.open_min_rps, env.previous_min_rps, env.earlier_min_rps))
         rise = rate_rps - min(env.base_rps, rate_rps) if seen else 0.0
         # Come down by half of what this bucket rose: a burst ended, or noise wobbled (its top,
         # the noise band, is then known too). A ramp only climbs.
         fell = env.open_rise_rps > 0 and rise < 0.5 * env.open_rise_rps
         low = rate_rps if env.open_min_rps is None else min(env.open_min_rps, rate_rps)
+        burst_from, lengths = env.burst_from, env.lengths_s
+        biggest = max(env.rises_rps, default=0.0)
+        in_burst = biggest > 0 and rise >= 0.5 * biggest
+        if in_burst and burst_from is None:
+            burst_from = now
+        elif not in_burst and burst_from is not None:
+            burst_from, lengths = None, (*lengths, now - burst_from)[-keep:]
         return replace(env, open_rise_rps=max(env.open_rise_rps, rise), open_min_rps=low,
-                       fell_at=now if fell else env.fell_at)
+                       fell_at=now if fell else env.fell_at, burst_from=burst_from, lengths_s=lengths)
 
     @classmethod
     def from_dict(cls, values: dict) -> BurstEnvelope:
@@ -111,7 +123,7 @@ class BurstEnvelope:
         return cls(float(values["bucket_started_at"]), float(values.get("open_rise_rps", 0.0)),
                    rate("open_min_rps"), rate("previous_min_rps"),
                    tuple(float(v) for v in values.get("rises_rps", ())), rate("earlier_min_rps"),
-                   rate("fell_at"))
+                   rate("fell_at"), rate("burst_from"), tuple(float(v) for v in values.get("lengths_s", ())))
 
 
 @dataclass(frozen=True)
@@ -165,7 +177,7 @@ def observed_envelope(env: BurstEnvelope | None, now: float, rate_rps: float,
         # from its tops; a past that only climbed did not.
         fell = bool(rises) and min(rises) < 0.5 * max(rises)
         env = BurstEnvelope(bucket_started_at=now + config.look_back_s, rises_rps=rises,
-                            fell_at=now if fell else None)
+                            fell_at=now if fell else None, lengths_s=config.prior_lengths_s[-keep:])
     return env.observe(now, rate_rps, bucket_of(config), config.burst_memory_s)
 
 
@@ -243,13 +255,16 @@ def late_starts(n: int, startup_s: float, *, burst_age_s: float, rate_rps: float
     would serve enough of it to pay for themselves (issue 38, requirement 3); None: order them.
 
     Only a burst like those the envelope has seen is judged (the rate within the highest peak of
-    its closed buckets, the prior's included) and
-    only while it is younger than `burst_length_s`: a rise past every known peak, or one that
+    its closed buckets, the prior's included) and only while it is younger than bursts last
+    (`burst_length`: the median of those seen): a rise past every known peak, or one that
     outlasts a burst, may be a new level, and replicas for a level always pay. A replica ready
     with L seconds of the burst left serves about replica_capacity_rps * L requests that would
     have missed; it costs its start-up, those L seconds and a scale-down delay at the hot
     replica's price."""
-    if n <= 0 or env is None or burst_age_s >= config.burst_length_s:
+    if n <= 0 or env is None:
+        return None
+    length_s, seen = burst_length(env, config)
+    if burst_age_s >= length_s:
         return None
     # Bursts seen before this one (the open bucket's rise is the burst now, known to nobody),
     # and a burst indeed: the rate risen from the base by at least half the largest of them. A
@@ -257,12 +272,23 @@ def late_starts(n: int, startup_s: float, *, burst_age_s: float, rate_rps: float
     biggest = max(env.rises_rps, default=0.0)
     if not biggest > 0 or not 0.5 * biggest <= rate_rps - env.base_rps <= biggest:
         return None
-    left_s = max(0.0, config.burst_length_s - burst_age_s - startup_s)
+    left_s = max(0.0, length_s - burst_age_s - startup_s)
     saved_usd = config.replica_capacity_rps * left_s * config.slo_miss_usd
     cost_usd = config.hot_idle_usd_per_hour * (startup_s + left_s + config.downscale_delay_s) / 3600.0
     if saved_usd >= cost_usd:
         return None
     return LateStart(n, startup_s, left_s,
                      f"not in time: {n} replica(s) ready in {startup_s:.0f}s would find {left_s:.0f}s of a "
-                     f"{config.burst_length_s:.0f}-s burst {burst_age_s:.0f}s old (saves ${saved_usd:.2f}, "
+                     f"{length_s:.0f}-s burst ({seen}) {burst_age_s:.0f}s old (saves ${saved_usd:.2f}, "
                      f"costs ${cost_usd:.2f})")
+
+
+def burst_length(env: BurstEnvelope, config: AutoscaleConfig) -> tuple[float, str]:
+    """How long a burst lasts: the median of those the envelope saw end (the prior's included),
+    else the config's `burst_length_s`; and where the figure comes from, for the reason."""
+    if not env.lengths_s:
+        return config.burst_length_s, "burst_length_s"
+    ordered = sorted(env.lengths_s)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return median, f"the median of {len(ordered)} seen"

@@ -86,6 +86,7 @@ class AutoscaleConfig:
     # The envelope's rises to start from, learnt from the service's past (core PriorSpec,
     # autoscale/memory/prior.py); empty: no memory at start.
     prior_rises_rps: tuple[float, ...] = ()
+    prior_lengths_s: tuple[float, ...] = ()  # how long the past's bursts lasted
     prior_source: str = ""
 
     def __post_init__(self) -> None:
@@ -122,6 +123,8 @@ class AutoscaleConfig:
                 problems.append(f"{name} must be >= 0")
         if any(not r >= 0 for r in self.prior_rises_rps):
             problems.append("prior_rises_rps must all be >= 0")
+        if any(not s > 0 for s in self.prior_lengths_s):
+            problems.append("prior_lengths_s must all be > 0")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -136,8 +139,9 @@ class AutoscaleConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown autoscale config field(s): {', '.join(unknown)}")
-        if "prior_rises_rps" in values:  # a list once it has been through JSON (Serve's policy_kwargs)
-            values = {**values, "prior_rises_rps": tuple(values["prior_rises_rps"])}
+        for name in ("prior_rises_rps", "prior_lengths_s"):  # lists once through JSON (Serve's policy_kwargs)
+            if name in values:
+                values = {**values, name: tuple(values[name])}
         return cls(**values)
 
 
@@ -186,5 +190,6 @@ def autoscale_config_for(model: ModelSpec, estimated_capacity_rps: float | None 
         burst_memory_s=a.burst.memory_s, burst_length_s=a.burst.length_s,
         slo_miss_usd=a.slo_miss_usd,
         prior_rises_rps=a.prior.rises_rps if a.prior is not None else (),
+        prior_lengths_s=a.prior.lengths_s if a.prior is not None else (),
         prior_source=a.prior.learned_from if a.prior is not None else "",
     )

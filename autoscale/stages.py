@@ -317,9 +317,12 @@ def _toward_up(wanted: Wish, signals: Signals, state: PolicyState, base: PolicyS
     target = wanted.up
     plan = promotions(load.active + load.starting, load.standby, signals.warm_ready, target)
     # Cold replicas for a burst they would arrive after are not ordered; faster tiers still are.
+    # The burst's age: since the envelope saw it start, else since the wish began.
+    env = signals.envelope
+    began = env.burst_from if env is not None and env.burst_from is not None else since
     late = None if urgent or not wanted.symptom else late_starts(
-        plan.get(Tier.COLD, 0), config.startup_s[Tier.COLD], burst_age_s=now - since,
-        rate_rps=signals.arrival_rps, env=signals.envelope, config=config)
+        plan.get(Tier.COLD, 0), config.startup_s[Tier.COLD], burst_age_s=now - began,
+        rate_rps=signals.arrival_rps, env=env, config=config)
     if late is not None:
         target -= late.dropped
         plan = {t: n for t, n in plan.items() if t is not Tier.COLD}

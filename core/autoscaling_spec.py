@@ -66,6 +66,9 @@ class PriorSpec(_Strict):
 
     bucket_s: Annotated[float, Field(gt=0)]
     rises_rps: Annotated[tuple[Annotated[float, Field(ge=0)], ...], Field(min_length=1)]
+    # How long its bursts lasted (seconds): the autoscaler's "not in time" rule judges a burst
+    # by them. Empty: none ended in the past; the rule takes autoscaling.burst.length_s.
+    lengths_s: tuple[Annotated[float, Field(gt=0)], ...] = ()
     learned_from: str = ""  # the trace or history it came from, for the operator
 
 

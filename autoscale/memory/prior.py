@@ -12,6 +12,8 @@ trace, keeping every bucket. A prior holds at most as many buckets as the envelo
 (`burst_memory_s` / bucket); a longer past is summarised by evenly spaced quantiles of its rises,
 so yesterday's bursts keep their share of the buckets. They are ordered smallest first: live
 buckets replace the oldest first, so the largest bursts of the past are the last forgotten.
+How long each burst lasted is learnt the same way (the envelope's `lengths_s`, the same
+quantiles): the "not in time" rule judges a burst by them.
 
 Pure: arrival times in, a PriorSpec out.
 """
@@ -48,12 +50,18 @@ def rate_samples(arrivals_s: Sequence[float], look_back_s: float, interval_s: fl
 
 def observed_rises(arrivals_s: Sequence[float], config: AutoscaleConfig, interval_s: float = 1.0) -> tuple[float, ...]:
     """Every closed bucket's rise over the trace, oldest first (nothing forgotten)."""
+    return observed(arrivals_s, config, interval_s).rises_rps
+
+
+def observed(arrivals_s: Sequence[float], config: AutoscaleConfig, interval_s: float = 1.0) -> BurstEnvelope:
+    """The envelope after the whole trace, nothing forgotten: every closed bucket's rise, and
+    every burst that ended, oldest first."""
     bucket = bucket_of(config)
     everything_s = (arrivals_s[-1] if arrivals_s else 0.0) + 2 * bucket
     env = BurstEnvelope(bucket_started_at=config.look_back_s)
     for now, rate in rate_samples(arrivals_s, config.look_back_s, interval_s):
         env = env.observe(now, rate, bucket, memory_s=everything_s)
-    return env.rises_rps
+    return env
 
 
 def summarise(rises: Sequence[float], keep: int) -> tuple[float, ...]:
@@ -73,19 +81,23 @@ def learn_prior(arrivals_s: Sequence[float], config: AutoscaleConfig, source: st
     if config.burst_memory_s <= 0:
         raise PriorError("autoscaling.burst.memory_s is 0: the burst envelope is off, so a prior would be unused")
     bucket = bucket_of(config)
-    rises = observed_rises(arrivals_s, config, interval_s)
+    env = observed(arrivals_s, config, interval_s)
+    rises = env.rises_rps
     if not rises:
         span = arrivals_s[-1] if arrivals_s else 0.0
         raise PriorError(f"the trace spans {span:.0f} s: a prior needs at least one {bucket:g}-s bucket after "
                          f"the first {config.look_back_s:g}-s look-back")
     keep = max(1, math.ceil(config.burst_memory_s / bucket))
     return PriorSpec(bucket_s=bucket, rises_rps=tuple(round(r, 4) for r in summarise(rises, keep)),
-                     learned_from=f"{source} ({len(rises)} buckets of {bucket:g} s)".strip())
+                     lengths_s=tuple(round(s, 1) for s in summarise(env.lengths_s, keep)),
+                     learned_from=f"{source} ({len(rises)} buckets of {bucket:g} s, "
+                                  f"{len(env.lengths_s)} bursts)".strip())
 
 
 def learnt_config(config: AutoscaleConfig, prior: PriorSpec) -> AutoscaleConfig:
     """`config` starting its envelope from `prior`."""
-    return replace(config, prior_rises_rps=prior.rises_rps, prior_source=prior.learned_from)
+    return replace(config, prior_rises_rps=prior.rises_rps, prior_lengths_s=prior.lengths_s,
+                   prior_source=prior.learned_from)
 
 
 def held_before_traffic(config: AutoscaleConfig) -> EnvelopeFloor | None:

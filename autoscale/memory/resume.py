@@ -6,7 +6,8 @@ that restarts (or a redeploy) hands the policy an empty state, and the first bur
 be a surprise again. The adapter (deployments/control/autoscaling.py) saves the envelope in Ray's
 KV store as it goes and gives it back here on an empty state.
 
-A saved envelope older than one bucket is resumed with its rises and a fresh bucket clock: the
+A saved envelope older than one bucket is resumed with its rises, when the rate last came down
+and how long its bursts lasted, and a fresh bucket clock: the
 buckets that passed while no controller watched were not observed, and closing them as empty
 would wipe the memory the save kept.
 """
@@ -29,5 +30,6 @@ def resumed_envelope(saved: dict[str, Any] | None, now: float, config: Autoscale
     except (KeyError, TypeError, ValueError):
         return None
     if now >= env.bucket_started_at + bucket_of(config):  # buckets went by unobserved
-        return BurstEnvelope(bucket_started_at=now + config.look_back_s, rises_rps=env.rises_rps)
+        return BurstEnvelope(bucket_started_at=now + config.look_back_s, rises_rps=env.rises_rps,
+                             fell_at=env.fell_at, lengths_s=env.lengths_s)
     return env

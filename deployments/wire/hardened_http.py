@@ -230,8 +230,12 @@ class HardenedServer:
         import uvicorn
 
         self.cap = InFlightCap(asgi, limits.max_in_flight, on_refused)
+        # log_config=None: uvicorn's default runs logging.config.dictConfig, which closes every
+        # handler of the process, Serve's replica logger included; Serve's recovering controller
+        # then fails the replica's is_allocated() on the closed handler and stops every replica
+        # (a controller restart under load lost requests and the whole fleet).
         config = uvicorn.Config(self.cap, http=protocol_for(limits, on_refused), log_level="warning",
-                                access_log=False, timeout_keep_alive=limits.keep_alive_s,
+                                log_config=None, access_log=False, timeout_keep_alive=limits.keep_alive_s,
                                 timeout_graceful_shutdown=graceful_shutdown_s, lifespan=lifespan)
 
         class _Server(uvicorn.Server):

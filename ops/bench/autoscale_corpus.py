@@ -43,11 +43,15 @@ conversation trace's second half.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +246,15 @@ def markdown(case: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _case(name: str, *, azure_code: Path | None, quick: bool, plot_dir: Path | None) -> dict[str, Any]:
+    """One trace of the corpus, judged (run_trace); in a worker process, so built from its name."""
+    load_now, load_past = corpus(azure_code)[name]  # type: ignore[misc]  # main skips the reasons
+    arr, past = load_now(), load_past() if load_past else None
+    if quick:
+        arr = arr.window(0.0, QUICK_S)
+    return run_trace(name, arr, load_eval_cluster(None), plot_dir, past)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--azure-code", type=Path, default=None)
@@ -250,11 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot-dir", type=Path, default=None)
     ap.add_argument("--quick", action="store_true",
                     help=f"the development loop: {', '.join(QUICK)}, each cut to its first {QUICK_S:g} s (~3 min)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="traces replayed at once, one process each (default: one per core)")
     args = ap.parse_args(argv)
-    cluster = load_eval_cluster(None)
     only = {n for n in args.only.split(",") if n} or (set(QUICK) if args.quick else set())
-    report: dict[str, Any] = {"cluster": cluster.source, "cases": [], "skipped": {}}
-    lines: list[str] = []
+    report: dict[str, Any] = {"cluster": load_eval_cluster(None).source, "cases": [], "skipped": {}}
+    names = []
     for name, load in corpus(args.azure_code).items():
         if only and name not in only:
             continue
@@ -262,17 +276,19 @@ def main(argv: list[str] | None = None) -> int:
             report["skipped"][name] = load
             print(f"{name}: skipped ({load})", file=sys.stderr)
             continue
-        load_now, load_past = load
-        arr, past = load_now(), load_past() if load_past else None
-        if args.quick:
-            arr = arr.window(0.0, QUICK_S)
-        case = run_trace(name, arr, cluster, args.plot_dir, past)
-        report["cases"].append(case)
-        lines += markdown(case)
-        print("\n".join(markdown(case)), flush=True)
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(report, indent=1))
+        names.append(name)
+    # The simulator is single-threaded and each trace independent: one process per trace, the
+    # cases reported in corpus order as they complete.
+    run = functools.partial(_case, azure_code=args.azure_code, quick=args.quick, plot_dir=args.plot_dir)
+    with contextlib.ExitStack() as stack:
+        jobs = max(1, min(args.jobs, len(names)))
+        cases = map(run, names) if jobs == 1 else stack.enter_context(ProcessPoolExecutor(jobs)).map(run, names)
+        for case in cases:
+            report["cases"].append(case)
+            print("\n".join(markdown(case)), flush=True)
+            if args.out:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(report, indent=1))
     undercut = [f"{c['trace']}: {n}" for c in report["cases"] for n in c["oracle_undercut_by"]]
     if undercut:
         print("error: the oracle is not the limit: " + "; ".join(undercut), file=sys.stderr)

@@ -42,6 +42,24 @@ def test_the_policy_holds_through_a_known_burst_and_says_why():
     decision, after = decide(snap, CONFIG, state)
     assert decision.target_active == 2 and "not in time" in decision.reason and decision.not_in_time > 0
     assert after.up_since == 95.0  # the wish stands: it is judged again as the burst ages
+    assert after.envelope.burst_from == 100.0  # the envelope saw the burst start
     # Past a burst's length the same load is a new level: replicas are ordered.
-    later, _ = decide(replace(snap, now=200.0), CONFIG, replace(state, up_since=95.0))
+    later, _ = decide(replace(snap, now=200.0), CONFIG, replace(after, up_since=95.0))
     assert later.target_active > 2 and "not in time" not in later.reason and later.not_in_time == 0
+
+
+def test_how_long_bursts_last_is_learnt_from_those_seen():
+    # Bursts of 12 rps over a lull at 1, 300 s each: the envelope measures them, and a 300-s burst
+    # is worth a cold replica 20 s in (it finds 100 s of the burst), where a 90-s one is not.
+    env = BurstEnvelope(bucket_started_at=0.0, previous_min_rps=1.0, rises_rps=(1.0, 12.0))
+    t = 0.0
+    for _ in range(3):
+        for rate in [1.0] * 200 + [13.0] * 300:
+            env, t = env.observe(t, rate, 180.0, 1800.0), t + 1
+    assert env.lengths_s and all(295 <= s <= 305 for s in env.lengths_s)
+    assert late_starts(1, 180.0, burst_age_s=20.0, rate_rps=13.0, env=env, config=CONFIG) is None
+    late = late_starts(1, 180.0, burst_age_s=20.0, rate_rps=13.0, env=replace(env, lengths_s=()), config=CONFIG)
+    assert late is not None and "90-s burst (burst_length_s)" in late.describe()
+    short = replace(env, lengths_s=(60.0, 80.0, 400.0))
+    assert "80-s burst (the median of 3 seen)" in late_starts(1, 180.0, burst_age_s=5.0, rate_rps=13.0, env=short,
+                                                              config=CONFIG).describe()

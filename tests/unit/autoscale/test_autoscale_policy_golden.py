@@ -4,7 +4,7 @@ them). Frozen from the monolithic version before it was split into stages; regen
 purpose since (issue 10: scale-down demotes into the hot pool; issue 14: the pool's hysteresis,
 starts kept until they serve, a 180 s backlog drain; issue 27: the burst envelope, off in a
 third of the runs, whose targets did not move; issue 38: the envelope's base over three buckets,
-when the rate last came down and the known top in the reasons, with every target and standby
+when the rate last came down, how long bursts last, and the known top in the reasons, with every target and standby
 count unchanged on all 300 cases)."""
 
 from __future__ import annotations

@@ -38,6 +38,19 @@ def test_bursts_of_the_past_are_learnt_as_rises_and_kept_to_what_the_envelope_re
     assert prior.learned_from.startswith("past.csv (") and "buckets of 180 s" in prior.learned_from
 
 
+def test_how_long_the_past_s_bursts_lasted_is_learnt_and_taken_by_the_config():
+    prior = learn_prior(bursty(burst_s=120.0), CONFIG, source="past.csv")
+    # 120-s bursts seen through a 30-s look-back mean: above half their height for about 120 s
+    # (the first is measured short: it ends before the envelope knows its full height).
+    assert prior.lengths_s and 100 <= sorted(prior.lengths_s)[len(prior.lengths_s) // 2] <= 140, prior.lengths_s
+    assert "bursts)" in prior.learned_from
+    from hbmserve.autoscale.envelope import observed_envelope
+    from hbmserve.autoscale.memory.prior import learnt_config
+
+    env = observed_envelope(None, 0.0, 0.0, learnt_config(CONFIG, prior))
+    assert env.lengths_s == prior.lengths_s[-len(env.lengths_s):] and env.fell_at == 0.0
+
+
 def test_a_flat_past_teaches_no_burst():
     prior = learn_prior(bursty(burst_rps=1.0), CONFIG)
     assert max(prior.rises_rps) < 0.2

@@ -181,3 +181,21 @@ def test_too_many_headers_with_a_body_in_the_same_write_reach_no_app():
 
     answer = run(scenario())
     assert answer.startswith(b"HTTP/1.1 431 ") and answer.count(b"HTTP/1.1") == 1 and seen == [], answer
+
+
+def test_starting_a_server_leaves_the_process_s_log_handlers_open():
+    # Serve's replica logger buffers through a MemoryHandler to its file; were it closed (its
+    # target set to None), Serve's recovering controller would fail every replica's
+    # is_allocated() and stop the fleet (tests/integration/test_autoscale_live_parity.py).
+    import logging
+    import logging.handlers
+
+    logger = logging.getLogger("hbmserve.test.memory_handler")
+    target = logging.StreamHandler()
+    handler = logging.handlers.MemoryHandler(capacity=10, target=target)
+    logger.addHandler(handler)
+    try:
+        HardenedServer(echo_size, HttpLimits())
+        assert handler.target is target
+    finally:
+        logger.removeHandler(handler)
