@@ -254,10 +254,11 @@ def late_starts(n: int, startup_s: float, *, burst_age_s: float, rate_rps: float
     """Whether `n` replicas that take `startup_s` to serve, ordered `burst_age_s` into a burst,
     would serve enough of it to pay for themselves (issue 38, requirement 3); None: order them.
 
-    Only a burst like those the envelope has seen is judged (the rate within the highest peak of
-    its closed buckets, the prior's included) and only while it is younger than bursts last
-    (`burst_length`: the median of those seen): a rise past every known peak, or one that
-    outlasts a burst, may be a new level, and replicas for a level always pay. A replica ready
+    Only a burst is judged (the rate risen from the base by at least half the largest rise of
+    the envelope's closed buckets, the prior's included), and only while it is younger than
+    bursts last (`burst_length`: the median of those seen): one that outlasts a burst may be a
+    new level, and replicas for a level always pay. A rise past every known peak is judged only
+    once bursts have been seen to end: until their length is known it may be a level. A replica ready
     with L seconds of the burst left serves about replica_capacity_rps * L requests that would
     have missed; it costs its start-up, those L seconds and a scale-down delay at the hot
     replica's price."""
@@ -270,7 +271,12 @@ def late_starts(n: int, startup_s: float, *, burst_age_s: float, rate_rps: float
     # and a burst indeed: the rate risen from the base by at least half the largest of them. A
     # latency miss at a steady rate is no burst and gets its replicas.
     biggest = max(env.rises_rps, default=0.0)
-    if not biggest > 0 or not 0.5 * biggest <= rate_rps - env.base_rps <= biggest:
+    rise = rate_rps - env.base_rps
+    if not biggest > 0 or rise < 0.5 * biggest:
+        return None
+    # Past every known peak it may be a new level: judged only once bursts have been seen to
+    # end, so that their length is known and a level outlasting it gets its replicas.
+    if rise > biggest and not env.lengths_s:
         return None
     left_s = max(0.0, length_s - burst_age_s - startup_s)
     saved_usd = config.replica_capacity_rps * left_s * config.slo_miss_usd

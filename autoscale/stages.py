@@ -280,7 +280,7 @@ class Outcome:
     target: int  # active replicas
     action: str  # what was done and why, the head of the reason
     state: PolicyState
-    not_in_time: int = 0  # replicas a symptom asked for, not ordered: they would arrive late
+    not_in_time: int = 0  # replicas asked for and not ordered: they would arrive late
 
 
 def apply_hysteresis(wanted: Wish, signals: Signals, state: PolicyState,
@@ -320,7 +320,7 @@ def _toward_up(wanted: Wish, signals: Signals, state: PolicyState, base: PolicyS
     # The burst's age: since the envelope saw it start, else since the wish began.
     env = signals.envelope
     began = env.burst_from if env is not None and env.burst_from is not None else since
-    late = None if urgent or not wanted.symptom else late_starts(
+    late = None if urgent else late_starts(
         plan.get(Tier.COLD, 0), config.startup_s[Tier.COLD], burst_age_s=now - began,
         rate_rps=signals.arrival_rps, env=env, config=config)
     if late is not None:

@@ -68,6 +68,6 @@ class ScaleDecision:
     # Of target_active, the least the burst envelope keeps through a lull (autoscale/envelope.py);
     # 0 when it holds none or is off.
     burst_hold: int = 0
-    # Replicas a symptom asked for and the policy did not order: they would arrive after the
+    # Replicas a symptom or the rate asked for and the policy did not order: they would arrive after the
     # burst (autoscale/envelope.py `late_starts`, "not in time" in the reason).
     not_in_time: int = 0

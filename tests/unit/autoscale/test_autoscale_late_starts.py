@@ -63,3 +63,26 @@ def test_how_long_bursts_last_is_learnt_from_those_seen():
     short = replace(env, lengths_s=(60.0, 80.0, 400.0))
     assert "80-s burst (the median of 3 seen)" in late_starts(1, 180.0, burst_age_s=5.0, rate_rps=13.0, env=short,
                                                               config=CONFIG).describe()
+
+
+def test_a_rise_past_every_peak_is_judged_once_bursts_have_been_seen_to_end():
+    # lulls-0 with a prior: bursts of 15 rps where the past's highest was 12.7; they lasted about
+    # 90 s, so cold replicas ordered as the rate passed the known top arrived in the lull.
+    learnt = replace(SEEN, lengths_s=(60.0, 90.0, 120.0))
+    late = late_starts(2, 180.0, burst_age_s=5.0, rate_rps=30.0, env=learnt, config=CONFIG)
+    assert late is not None and "a 90-s burst (the median of 3 seen)" in late.describe()
+    assert late_starts(2, 180.0, burst_age_s=5.0, rate_rps=30.0, env=SEEN, config=CONFIG) is None  # no length seen
+    assert late_starts(2, 180.0, burst_age_s=95.0, rate_rps=30.0, env=learnt, config=CONFIG) is None  # a new level
+
+
+def test_a_scale_up_the_rate_alone_asks_for_is_judged_as_a_symptom_s_is():
+    # No symptom (no queue, TTFT well under target): the rate alone asks for more replicas.
+    learnt = replace(SEEN, lengths_s=(60.0, 90.0, 120.0))
+    snap = Snapshot(now=100.0, replicas=tuple(ReplicaSnapshot(f"r{i}", ReplicaState.ACTIVE, 0, 4, 0.2)
+                                              for i in range(2)), arrival_rate_rps=8.0, ttft_samples_s=(0.1,) * 10)
+    config = replace(CONFIG, rate_upscale_delay_s=0.0)
+    decision, _ = decide(snap, config, PolicyState(target_active=2, envelope=learnt, up_since=95.0))
+    assert decision.target_active == 2 and "not in time" in decision.reason
+    long_bursts = replace(learnt, lengths_s=(600.0,) * 3)  # a burst of this service outlasts a cold start
+    decision, _ = decide(snap, config, PolicyState(target_active=2, envelope=long_bursts, up_since=95.0))
+    assert decision.target_active > 2 and "not in time" not in decision.reason
