@@ -258,10 +258,10 @@ def late_starts(n: int, startup_s: float, *, burst_age_s: float, rate_rps: float
     the envelope's closed buckets, the prior's included), and only while it is younger than
     bursts last (`burst_length`: the median of those seen): one that outlasts a burst may be a
     new level, and replicas for a level always pay. A rise past every known peak is judged only
-    once bursts have been seen to end: until their length is known it may be a level. A replica ready
-    with L seconds of the burst left serves about replica_capacity_rps * L requests that would
-    have missed; it costs its start-up, those L seconds and a scale-down delay at the hot
-    replica's price."""
+    once bursts have been seen to end: until their length is known it may be a level.
+    A replica ready with L seconds of the burst left serves about replica_capacity_rps * L
+    requests that would have missed; it costs its start-up, those L seconds and a scale-down
+    delay at the hot replica's price."""
     if n <= 0 or env is None:
         return None
     length_s, seen = burst_length(env, config)
