@@ -44,6 +44,8 @@ Pure: time arrives as data; the state is a frozen value kept in PolicyState.
 
 from __future__ import annotations
 
+import statistics
+
 import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -294,7 +296,4 @@ def burst_length(env: BurstEnvelope, config: AutoscaleConfig) -> tuple[float, st
     else the config's `burst_length_s`; and where the figure comes from, for the reason."""
     if not env.lengths_s:
         return config.burst_length_s, "burst_length_s"
-    ordered = sorted(env.lengths_s)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return median, f"the median of {len(ordered)} seen"
+    return statistics.median(env.lengths_s), f"the median of {len(env.lengths_s)} seen"
