@@ -44,9 +44,8 @@ Pure: time arrives as data; the state is a frozen value kept in PolicyState.
 
 from __future__ import annotations
 
-import statistics
-
 import math
+import statistics
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
