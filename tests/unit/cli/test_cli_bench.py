@@ -178,7 +178,8 @@ def test_bad_input_is_one_clear_line_and_exit_2(door, args, message):
 
 def test_a_profile_fitted_to_saved_runs_predicts_with_bench_catalog(door, tmp_path):
     # The user's path: save two runs' records, fit on one, hold the other out, then predict a
-    # run with the fitted catalog. The fit can only lower the error on what it was fitted to.
+    # run with the fitted catalog. The fit can only lower the error it minimises (mean |ln err|) on
+    # what it was fitted to; MAPE may rise (CI saw 82.8% -> 114.5% as |ln err| fell), so it is not held.
     from hbmserve.ops.bench import calibrate_serving
 
     url, cfg, _ = door
@@ -193,7 +194,7 @@ def test_a_profile_fitted_to_saved_runs_predicts_with_bench_catalog(door, tmp_pa
     out = json.loads(report.read_text())
     rows = {row["run"]: row for row in out["rows"]}
     assert not rows["r6"]["held_out"] and rows["r12"]["held_out"]
-    assert rows["r6"]["mape_after_pct"] <= rows["r6"]["mape_before_pct"] + 1e-9
+    assert rows["r6"]["log_error_after"] <= rows["r6"]["log_error_before"] + 1e-9
     assert out["mape_held_out_pct"] == rows["r12"]["mape_after_pct"]
     r = bench("--url", url, "--model", "m", "--rate", "6", "--duration", "1", "--prompt-tokens", "100",
               "--output-tokens", "16", "--api-key", KEY, "--predict", str(cfg), "--catalog", str(fitted), "--json")
