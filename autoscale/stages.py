@@ -16,34 +16,13 @@ from hbmserve.autoscale.envelope import (BurstEnvelope, EnvelopeFloor, KnownPeak
                                         late_starts, observed_envelope)
 from hbmserve.autoscale.signals import (Load, RateTrend, latency_need, load_of, p95, queue_need,
                                        update_trend)
-from hbmserve.autoscale.warm_pool import PoolEconomics, PoolHold, PoolSizing, hold_tier, size_pool
+from hbmserve.autoscale.warm_pool import (PoolEconomics, PoolHold, PoolSizing, hold_tier, promotions, size_pool,
+                                          tier_of, tier_sequence)
 from hbmserve.core.scaling import ReplicaState, Snapshot, Tier
 
 if TYPE_CHECKING:  # policy.py imports this module; the types are only annotations here
     from hbmserve.autoscale.policy_config import AutoscaleConfig
     from hbmserve.autoscale.policy import PolicyState
-
-
-def tier_of(i: int, standby: int, warm_ready: int) -> Tier:
-    """Tier the i-th new replica (1-based) comes from: the fastest one with capacity."""
-    if i <= standby:
-        return Tier.HOT
-    if i <= standby + warm_ready:
-        return Tier.WARM
-    return Tier.COLD
-
-
-def tier_sequence(standby: int, warm_ready: int) -> Callable[[int], Tier]:
-    return lambda i: tier_of(i, standby, warm_ready)
-
-
-def promotions(have: int, standby: int, warm_ready: int, target_active: int) -> dict[Tier, int]:
-    """Where the replicas that take `have` (active + starting) to `target_active` come from."""
-    plan: dict[Tier, int] = {}
-    for i in range(1, target_active - have + 1):
-        tier = tier_of(i, standby, warm_ready)
-        plan[tier] = plan.get(tier, 0) + 1
-    return plan
 
 
 def plan_promotions(snapshot: Snapshot, target_active: int) -> dict[Tier, int]:

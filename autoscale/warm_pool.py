@@ -22,6 +22,8 @@ The model (deliberately simple, every term explicit):
   replica, against warm_idle_usd_per_hour·T_cold/3600.
 * The cold tier is unbounded and costs nothing idle, so it is never pooled.
 
+New replicas come from the fastest tier first (tier_of, promotions): hot, warm, then cold.
+
 Bounds per tier (min, max) clamp the result, and standbys never exceed max_replicas minus the
 active target: a standby that can never be promoted is pure cost.
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from hbmserve.autoscale.signals import RateTrend
 from hbmserve.core.scaling import Tier
@@ -204,3 +207,25 @@ def hold_tier(hold: PoolHold | None, wish: int, now: float, up_delay_s: float,
     if now - since >= (up_delay_s if up else down_delay_s):
         return PoolHold(pending)
     return PoolHold(hold.held, since, pending)
+
+
+def tier_of(i: int, standby: int, warm_ready: int) -> Tier:
+    """Tier the i-th new replica (1-based) comes from: the fastest one with capacity."""
+    if i <= standby:
+        return Tier.HOT
+    if i <= standby + warm_ready:
+        return Tier.WARM
+    return Tier.COLD
+
+
+def tier_sequence(standby: int, warm_ready: int) -> Callable[[int], Tier]:
+    return lambda i: tier_of(i, standby, warm_ready)
+
+
+def promotions(have: int, standby: int, warm_ready: int, target_active: int) -> dict[Tier, int]:
+    """Where the replicas that take `have` (active + starting) to `target_active` come from."""
+    plan: dict[Tier, int] = {}
+    for i in range(1, target_active - have + 1):
+        tier = tier_of(i, standby, warm_ready)
+        plan[tier] = plan.get(tier, 0) + 1
+    return plan
