@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from hbmserve.core.autoscaling_spec import PriorSpec
 from hbmserve.core.config import ModelSpec
 from hbmserve.core.scaling import Tier
 
@@ -189,7 +190,8 @@ def autoscale_config_for(model: ModelSpec, estimated_capacity_rps: float | None 
         tpot_floor_s=tpot_floor_s,
         burst_memory_s=a.burst.memory_s, burst_length_s=a.burst.length_s,
         slo_miss_usd=a.slo_miss_usd,
-        prior_rises_rps=a.prior.rises_rps if a.prior is not None else (),
-        prior_lengths_s=a.prior.lengths_s if a.prior is not None else (),
-        prior_source=a.prior.learned_from if a.prior is not None else "",
+        # A prior to read from Prometheus is learnt where the app is built (deployments/apps).
+        prior_rises_rps=a.prior.rises_rps if isinstance(a.prior, PriorSpec) else (),
+        prior_lengths_s=a.prior.lengths_s if isinstance(a.prior, PriorSpec) else (),
+        prior_source=a.prior.learned_from if isinstance(a.prior, PriorSpec) else "",
     )

@@ -1,5 +1,5 @@
-"""`hbmserve autoscale ...`: evaluate scaling policies in the simulator, make a synthetic trace
-(sharp bursts, prompt-heavy code completion, heavy-tailed lulls and bursts, bursty diurnal).
+"""`hbmserve autoscale ...`: evaluate scaling policies in the simulator, learn the autoscaler's
+prior from a service's past; the synthetic trace writers are in autoscale_traces.py.
 
 Registered through `register(app)`. Heavy imports (numpy, the simulator, matplotlib) happen
 inside the commands so `hbmserve --help` stays fast. Bad input prints one `error: ...` line and
@@ -32,6 +32,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from hbmserve.cli import autoscale_traces
 from hbmserve.cli.user_errors import fail, user_errors
 
 ALL = "all"
@@ -236,117 +237,6 @@ def _print_frontier(c: Any, results: list[Any], comparison: Any, oracle: Any) ->
             + ("; ".join(beaten) if beaten else "none"))
 
 
-# Options every trace writer takes, and the mean overrides of the ones with a length mix.
-TraceOut = Annotated[Path, typer.Option("--out", help="CSV file to write (Azure layout)")]
-Seed = Annotated[int, typer.Option("--seed")]
-Duration = Annotated[float, typer.Option("--duration", help="seconds")]
-MixPromptTokens = Annotated[Optional[float], typer.Option("--prompt-tokens", help="mean; default: "
-                                                          "the mix's")]
-MixOutputTokens = Annotated[Optional[float], typer.Option("--output-tokens", help="mean; default: "
-                                                          "the mix's")]
-
-
-def burst_trace_cmd(
-    out: TraceOut,
-    seed: Seed = 0,
-    duration: Duration = 3600.0,
-    base_rps: Annotated[float, typer.Option("--base-rps")] = 5.0,
-    burst_rps: Annotated[float, typer.Option("--burst-rps")] = 25.0,
-    bursts: Annotated[int, typer.Option("--bursts")] = 4,
-    burst_s: Annotated[float, typer.Option("--burst-seconds")] = 300.0,
-    prompt_tokens: Annotated[float, typer.Option("--prompt-tokens", help="mean")] = 1000.0,
-    output_tokens: Annotated[float, typer.Option("--output-tokens", help="mean")] = 200.0,
-) -> None:
-    """Write a synthetic trace with sharp bursts (see capacity/traces/burst_trace.py)."""
-    from hbmserve.capacity.traces.burst_trace import BurstSpec, burst_arrivals
-
-    spec = _spec(BurstSpec, duration_s=duration, base_rps=base_rps, burst_rps=burst_rps,
-                 bursts=bursts, burst_s=burst_s, prompt_tokens=prompt_tokens,
-                 output_tokens=output_tokens)
-    _write_trace(burst_arrivals(spec, seed), out, duration)
-
-
-def code_trace_cmd(
-    out: TraceOut,
-    seed: Seed = 0,
-    duration: Duration = 3600.0,
-    base_rps: Annotated[float, typer.Option("--base-rps")] = 4.0,
-    peak_rps: Annotated[float, typer.Option("--peak-rps", help="top of the swell")] = 12.0,
-    spikes: Annotated[int, typer.Option("--spikes")] = 2,
-    prompt_tokens: Annotated[float, typer.Option("--prompt-tokens", help="mean")] = 2000.0,
-    output_tokens: Annotated[float, typer.Option("--output-tokens", help="mean")] = 32.0,
-) -> None:
-    """Write a synthetic prompt-heavy (code completion) trace (see capacity/traces/code_trace.py)."""
-    from hbmserve.capacity.traces.code_trace import CodeTraceSpec, code_arrivals
-
-    spec = _spec(CodeTraceSpec, duration_s=duration, base_rps=base_rps, peak_rps=peak_rps,
-                 spikes=spikes, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
-    _write_trace(code_arrivals(spec, seed), out, duration)
-
-
-def lulls_trace_cmd(
-    out: TraceOut,
-    seed: Seed = 0,
-    duration: Duration = 3600.0,
-    lull_rps: Annotated[float, typer.Option("--lull-rps")] = 1.0,
-    burst_rps: Annotated[float, typer.Option("--burst-rps", help="mean burst height")] = 10.0,
-    lull_s: Annotated[float, typer.Option("--lull-seconds", help="mean lull")] = 180.0,
-    burst_s: Annotated[float, typer.Option("--burst-seconds", help="mean burst")] = 90.0,
-    mix: Annotated[str, typer.Option("--mix", help="prompt-heavy or chat")] = "prompt-heavy",
-    diurnal_amplitude: Annotated[float, typer.Option("--diurnal-amplitude", help="0 to 1")] = 0.0,
-    diurnal_period: Annotated[float, typer.Option("--diurnal-period", help="seconds")] = 86400.0,
-    prompt_tokens: MixPromptTokens = None,
-    output_tokens: MixOutputTokens = None,
-) -> None:
-    """Write a synthetic trace of heavy-tailed lulls and bursts (see capacity/traces/lulls_trace.py)."""
-    from hbmserve.capacity.traces.lulls_trace import LullsTraceSpec, lulls_arrivals
-
-    spec = _spec(LullsTraceSpec, duration_s=duration, lull_rps=lull_rps, burst_rps=burst_rps,
-                 lull_s=lull_s, burst_s=burst_s, mix=mix, diurnal_amplitude=diurnal_amplitude,
-                 diurnal_period_s=diurnal_period, prompt_tokens=prompt_tokens,
-                 output_tokens=output_tokens)
-    _write_trace(lulls_arrivals(spec, seed), out, duration)
-
-
-def diurnal_trace_cmd(
-    out: TraceOut,
-    seed: Seed = 0,
-    duration: Duration = 3600.0,
-    base_rps: Annotated[float, typer.Option("--base-rps", help="the swell's mean")] = 4.0,
-    amplitude: Annotated[float, typer.Option("--amplitude", help="0 to 1, of base")] = 0.5,
-    period: Annotated[Optional[float], typer.Option("--period", help="seconds; default: "
-                                                    "the duration")] = None,
-    bursts: Annotated[int, typer.Option("--bursts")] = 4,
-    mix: Annotated[str, typer.Option("--mix", help="chat or prompt-heavy")] = "chat",
-    prompt_tokens: MixPromptTokens = None,
-    output_tokens: MixOutputTokens = None,
-) -> None:
-    """Write a synthetic diurnal trace with bursts on the swell (see capacity/traces/diurnal_trace.py)."""
-    from hbmserve.capacity.traces.diurnal_trace import DiurnalTraceSpec, diurnal_arrivals
-
-    spec = _spec(DiurnalTraceSpec, duration_s=duration, base_rps=base_rps, amplitude=amplitude,
-                 period_s=period, bursts=bursts, mix=mix, prompt_tokens=prompt_tokens,
-                 output_tokens=output_tokens)
-    _write_trace(diurnal_arrivals(spec, seed), out, duration)
-
-
-def _spec(cls: Any, **fields: Any) -> Any:
-    """`cls(**fields)`, its ValueError a one-line error."""
-    try:
-        return cls(**fields)
-    except ValueError as err:
-        raise fail(str(err)) from None
-
-
-def _write_trace(arr: Any, out: Path, duration: float) -> None:
-    rows = (f"{t:.6f},{p},{o}" for t, p, o in zip(arr.t, arr.prompt, arr.output))
-    try:
-        out.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "\n".join(rows) + "\n")
-    except OSError as err:
-        raise fail(f"--out {out}: {err.strerror or err}") from None
-    typer.echo(f"{len(arr)} requests over {duration:g} s written to {out}")
-
-
 def prior_from_trace(path: Path, scaling: Any, auto: Any, interval_s: float) -> Any:
     """The PriorSpec the trace at `path` teaches the envelope of `auto` (scaled as the trace judged)."""
     from hbmserve.autoscale.memory.prior import learn_prior
@@ -357,32 +247,50 @@ def prior_from_trace(path: Path, scaling: Any, auto: Any, interval_s: float) -> 
 
 
 def learn_cmd(
-    trace: Annotated[Path, typer.Option("--trace", help="the service's past: CSV (arrived_at,"
-                                        "num_prefill_tokens,num_decode_tokens) or JSONL")],
     out: Annotated[Path, typer.Option("--out", help="where to write the prior (YAML)")],
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="the service's past: CSV (arrived_at,"
+                                                  "num_prefill_tokens,num_decode_tokens) or JSONL")] = None,
+    prometheus: Annotated[Optional[str], typer.Option("--prometheus", help="or its own history: the URL of the "
+                                                      "Prometheus that scrapes its front doors")] = None,
+    window: Annotated[float, typer.Option("--window", help="with --prometheus: seconds of history")] = 86400.0,
+    step: Annotated[float, typer.Option("--step", help="with --prometheus: seconds a sample, the scrape "
+                                        "interval")] = 15.0,
     config: Annotated[Optional[Path], typer.Option("--config", help="cluster YAML; default: the "
                                                    "reference cluster")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="model in the config (default: first)")] = None,
     time_scale: Annotated[float, typer.Option("--time-scale", help="stretch trace time")] = 1.0,
     interval: Annotated[float, typer.Option("--decision-interval", help="policy period, seconds")] = 1.0,
 ) -> None:
-    """Learn the autoscaler's prior (its burst envelope) from a trace of the service's past; the
-    config takes the file as models[].autoscaling.prior (autoscale/memory/prior.py)."""
+    """Learn the autoscaler's prior (its burst envelope) from a trace of the service's past, or from
+    its Prometheus history; the config takes the file as models[].autoscaling.prior
+    (autoscale/memory/prior.py)."""
     import yaml
 
-    from hbmserve.autoscale.memory.prior import held_before_traffic, learnt_config
+    from hbmserve.autoscale.memory.prior import arrivals_of_rates, held_before_traffic, learn_prior, learnt_config
     from hbmserve.capacity.sim.evaluate import TraceScaling, eval_config, load_eval_cluster, scale_trace
     from hbmserve.capacity.traces.arrivals import read_trace
+    from hbmserve.deployments.control.prometheus_history import request_rates
 
+    if (trace is None) == (prometheus is None):
+        raise fail("give the past as one of --trace FILE or --prometheus URL")
     try:
         cluster = load_eval_cluster(config, model=model, decision_interval_s=interval)
         scaling = TraceScaling(time_scale, 1.0, None)
-        auto = eval_config(cluster, scale_trace(read_trace(trace), scaling))
-        prior = prior_from_trace(trace, scaling, auto, interval)
+        if trace is not None:
+            arr = scale_trace(read_trace(trace), scaling)
+            auto = eval_config(cluster, arr)
+            prior = prior_from_trace(trace, scaling, auto, interval)
+        else:
+            history = request_rates(prometheus, cluster.model_name, window, step, time.time())
+            times = arrivals_of_rates(history.rates, history.step_s)
+            auto = eval_config(cluster, None)
+            prior = learn_prior(times, auto, source=f"Prometheus {prometheus}, the last {window:g} s",
+                                interval_s=interval)
     except user_errors() as err:
         raise fail(str(err)) from None
-    header = (f"# hbmserve autoscale learn: the burst envelope's prior for {cluster.model_name}, from {trace}.\n"
-              f"# Use it as models[].autoscaling.prior: {out.name} (a path against the config's folder) or inline.\n")
+    header = (f"# hbmserve autoscale learn: the burst envelope's prior for {cluster.model_name}, from "
+              f"{trace or prometheus}.\n# Use it as models[].autoscaling.prior: {out.name} (a path against the "
+              "config's folder) or inline.\n")
     try:
         out.write_text(header + yaml.safe_dump(prior.model_dump(mode="json"), sort_keys=False))
     except OSError as err:
@@ -398,8 +306,5 @@ def register(app: typer.Typer) -> None:
                       no_args_is_help=True)
     sub.command("evaluate")(evaluate_cmd)
     sub.command("learn")(learn_cmd)
-    sub.command("burst-trace")(burst_trace_cmd)
-    sub.command("code-trace")(code_trace_cmd)
-    sub.command("lulls-trace")(lulls_trace_cmd)
-    sub.command("diurnal-trace")(diurnal_trace_cmd)
+    autoscale_traces.register(sub)
     app.add_typer(sub, name="autoscale")

@@ -12,7 +12,6 @@ import typer
 # commands live beside its code and this file never grows an if/elif of features.
 SUBCOMMAND_MODULES = (
     "hbmserve.cli.serve",
-    "hbmserve.cli.serve_config",
     "hbmserve.cli.placement",
     "hbmserve.cli.capacity",
     "hbmserve.cli.tier_plan",

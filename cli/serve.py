@@ -1,4 +1,6 @@
-"""Serving commands: model, up, down, deploy, status, ray-env."""
+"""Serving commands: model, up, down, deploy, status, ray-env, and serve-config: the Serve config that
+deploys a cluster config with Ray's own tooling (`serve deploy`, or a KubeRay RayService's
+serveConfigV2) instead of `hbmserve deploy`."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import yaml
 from rich.console import Console
 
 from hbmserve.cli.rollout_view import print_rollouts, update_running
@@ -20,6 +23,7 @@ from hbmserve.cli.status_view import print_models, role_note
 from hbmserve.cli.user_errors import EXIT_FAILED, fail
 from hbmserve.cluster.checks import load_deployable, slo_findings
 from hbmserve.cluster.tiny_model import TinyModelShape
+from hbmserve.deployments.apps.declarative import DEFAULT_INTERNAL_TOKEN_FILE, serve_config
 from hbmserve.core.config import ClusterSpec, ConfigError
 from hbmserve.core.engine_settings import EngineKind
 
@@ -324,6 +328,20 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
     print_rollouts(out, rollouts)
     print_models(out, models)
 
+def serve_config_command(
+    config: Path = typer.Argument(..., help="Cluster config YAML."),
+    internal_token_file: str = typer.Option(DEFAULT_INTERNAL_TOKEN_FILE, "--internal-token-file",
+                                            help="Where every node holds the internal token (32+ characters); "
+                                                 "the config names the file, never the token."),
+    front_door_replicas: int = typer.Option(1, "--front-door-replicas", min=1,
+                                            help="Front doors to run, one per Ray node."),
+    allow_slo_miss: bool = typer.Option(False, "--allow-slo-miss", help=ALLOW_SLO_MISS_HELP),
+) -> None:
+    """Print the Serve config (YAML for `serve deploy`) that deploys CONFIG as `hbmserve deploy` would."""
+    spec = _load(config, allow_slo_miss)
+    typer.echo(yaml.safe_dump(serve_config(spec, internal_token_file, front_door_replicas), sort_keys=False), nl=False)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(model_app, name="model")
     app.command()(up)
@@ -331,3 +349,4 @@ def register(app: typer.Typer) -> None:
     app.command()(deploy)
     app.command()(status)
     app.command("ray-env")(ray_env)
+    app.command("serve-config")(serve_config_command)

@@ -5,10 +5,10 @@ AutoscaleConfig (autoscale/policy_config.py) is built from it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from hbmserve.core.engine_settings import Strict as _Strict
 
@@ -72,6 +72,31 @@ class PriorSpec(_Strict):
     learned_from: str = ""  # the trace or history it came from, for the operator
 
 
+class PrometheusPriorSpec(_Strict):
+    """Learn the prior at deploy time from the service's own Prometheus history: the model's
+    request rate (answered and refused) over the last `window_s`, each `step_s`, fed to the same
+    learner as `hbmserve autoscale learn --trace`. Each (re)deploy reads it afresh; a history that
+    cannot be read (unreachable, empty) starts the policy without a prior, and says why."""
+
+    prometheus: Annotated[str, Field(pattern=r"^https?://\S+$")]  # the server's base URL
+    window_s: Annotated[float, Field(ge=60)] = 86400.0
+    # Set it to the scrape interval: the rate is taken over two steps, which then hold two scrapes.
+    step_s: Annotated[float, Field(gt=0)] = 15.0
+    timeout_s: Annotated[float, Field(gt=0)] = 10.0
+
+
+def _prior_kind(value: Any) -> str:
+    """Which form a prior takes, so that a wrong one is told only that form's errors."""
+    if isinstance(value, str):
+        return "path"
+    fields = value if isinstance(value, dict) else getattr(value, "__dict__", {})
+    return "prometheus" if "prometheus" in fields else "learnt"
+
+
+Prior = Annotated[Annotated[PriorSpec, Tag("learnt")] | Annotated[PrometheusPriorSpec, Tag("prometheus")]
+                  | Annotated[str, Tag("path")], Discriminator(_prior_kind)]
+
+
 class AutoscalingSpec(_Strict):
     min_replicas: Annotated[int, Field(ge=0)] = 1
     max_replicas: Annotated[int, Field(ge=1)] = 1
@@ -104,9 +129,10 @@ class AutoscalingSpec(_Strict):
     # starts, before answering 503 + Retry-After.
     scale_from_zero_wait_s: Annotated[float, Field(gt=0)] = 120.0
     burst: BurstEnvelopeSpec = BurstEnvelopeSpec()
-    # The envelope to start from: a mapping, or the path of the file `hbmserve autoscale learn`
-    # wrote, which loading the config file reads (core/config.py); None: start with no memory.
-    prior: PriorSpec | str | None = None
+    # The envelope to start from: a mapping, the path of the file `hbmserve autoscale learn`
+    # wrote, which loading the config file reads (core/config.py), or {prometheus: URL}, read
+    # where the application is built (deployments/apps); None: start with no memory.
+    prior: Prior | None = None
     # What one request that misses its SLO costs you, in dollars: the policy holds a replica
     # through a lull, or keeps a standby, when the misses it saves are worth more than its idle
     # time (autoscale/warm_pool.py, autoscale/envelope.py). The knob that trades GPU-hours for

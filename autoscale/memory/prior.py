@@ -15,7 +15,8 @@ buckets replace the oldest first, so the largest bursts of the past are the last
 How long each burst lasted is learnt the same way (the envelope's `lengths_s`, the same
 quantiles): the "not in time" rule judges a burst by them.
 
-Pure: arrival times in, a PriorSpec out.
+Pure: arrival times in, a PriorSpec out. A history kept as a rate each step (Prometheus's)
+becomes arrival times first (`arrivals_of_rates`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,21 @@ def rate_samples(arrivals_s: Sequence[float], look_back_s: float, interval_s: fl
         seen = min(look_back_s, max(now, 1.0))
         n = bisect_right(arrivals_s, now) - bisect_right(arrivals_s, now - look_back_s)
         yield now, n / seen
+
+
+def arrivals_of_rates(rates: Sequence[tuple[float, float]], step_s: float) -> list[float]:
+    """Arrival times (seconds from the first step's start) that a rate history implies: each
+    (t, requests/s) sample, sorted by t, covers the step before t; its requests are spread evenly
+    over it. Fractions carry over to the next step, so n steps of 0.1 req/s at 1 s make n/10."""
+    if not rates:
+        return []
+    start, carry, out = rates[0][0] - step_s, 0.0, []
+    for t, rate in rates:
+        carry += max(rate, 0.0) * step_s
+        n = int(carry + 1e-9)
+        carry -= n
+        out += [t - step_s - start + (k + 0.5) * step_s / n for k in range(n)]
+    return out
 
 
 def observed_rises(arrivals_s: Sequence[float], config: AutoscaleConfig, interval_s: float = 1.0) -> tuple[float, ...]:

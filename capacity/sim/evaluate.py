@@ -176,9 +176,10 @@ def estimate_capacity_rps(sc: Scenario, arr: Arrivals, model_name: str) -> float
     return cap
 
 
-def eval_config(cluster: EvalCluster, arr: Arrivals) -> AutoscaleConfig:
-    """What every policy is told: see the module docstring."""
-    cap = estimate_capacity_rps(cluster.scenario, arr, cluster.model_name)
+def eval_config(cluster: EvalCluster, arr: Arrivals | None) -> AutoscaleConfig:
+    """What every policy is told: see the module docstring. `arr` None (a history of rates, no
+    request lengths): the replica capacity the config states."""
+    cap = estimate_capacity_rps(cluster.scenario, arr, cluster.model_name) if arr is not None else None
     config = autoscale_config_for(cluster.model, cap, tpot_floor_s(cluster.scenario),
                                   startup_estimate(cluster.model, cluster.scenario.deployment.gpu))
     if config is None:

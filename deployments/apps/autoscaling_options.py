@@ -7,9 +7,12 @@ one decision). Part of the one options builder (options.py).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hbmserve.autoscale.memory.prior import PriorError, arrivals_of_rates, learn_prior, learnt_config
 from hbmserve.autoscale.policy_config import autoscale_config_for
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.autoscale.pools.pools_policy import PoolsConfig, pool_config
@@ -23,8 +26,10 @@ from hbmserve.capacity.perf.scenario import (NOMINAL_PROMPT_TOKENS, knobs_of, no
 from hbmserve.capacity.perf.startup_measured import startup_estimate, startup_inputs_for
 from hbmserve.deployments.control.autoscaling import POLICY_PATH, REPLICA_STATS_PUSH_S
 from hbmserve.deployments.control.pool_autoscaling import POOLS_POLICY_PATH
+from hbmserve.deployments.control.prometheus_history import HistoryError, request_rates
 from hbmserve.deployments.control.slot_autoscaling import SLOT_POLICY_PATH
 from hbmserve.deployments.wire.names import engine_deployment_name
+from hbmserve.core.autoscaling_spec import PrometheusPriorSpec
 from hbmserve.core.config import ModelSpec
 from hbmserve.core.disagg_spec import Role
 from hbmserve.core.engine_settings import EngineKind
@@ -34,6 +39,8 @@ from hbmserve.core.scaling import Tier
 # GPU or shape: below what it gives one 8B model on an L4 or a 70B one on four H100s (about 14k
 # at 2,048-token prompts), so that an unknown pool is grown for its backlog early rather than late.
 DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
+
+log = logging.getLogger(__name__)
 
 
 def live_startup(model: ModelSpec) -> dict[Tier, float] | None:
@@ -111,6 +118,24 @@ class LivePolicy:
         return serve_autoscaling_config(self.config, self.capacity, self.promote_s)
 
 
+def live_prior(model: ModelSpec, config: AutoscaleConfig, now: float) -> AutoscaleConfig:
+    """`config` starting from the prior its Prometheus history teaches, for a model whose
+    `autoscaling.prior` names a Prometheus server; as it is for any other. A history that cannot
+    teach one (unreachable, empty, shorter than a bucket) is no reason to refuse the deploy: the
+    policy starts without memory and its prior source says why, as status and the log show."""
+    spec = model.autoscaling.prior if model.autoscaling is not None else None
+    if not isinstance(spec, PrometheusPriorSpec):
+        return config
+    try:
+        history = request_rates(spec.prometheus, model.name, spec.window_s, spec.step_s, now, spec.timeout_s)
+        prior = learn_prior(arrivals_of_rates(history.rates, history.step_s), config,
+                            source=f"Prometheus {spec.prometheus}, the last {spec.window_s:g} s", interval_s=1.0)
+    except (HistoryError, PriorError) as err:
+        log.warning("models.%s.autoscaling.prior: starting without a prior: %s", model.name, err)
+        return dataclasses.replace(config, prior_source=f"none: {err}")
+    return learnt_config(config, prior)
+
+
 def live_policy(model: ModelSpec) -> LivePolicy | None:
     """The policy inputs of an autoscaled model, None for a fixed one. The unplaced and the
     slotted paths both come through here, so they plan with the same start-up and capacity."""
@@ -120,6 +145,7 @@ def live_policy(model: ModelSpec) -> LivePolicy | None:
     config = autoscale_config_for(model, tpot_floor_s=floor, estimated_startup_s=live_startup(model))
     if config is None:
         raise ValueError(f"models.{model.name}.autoscaling: no policy config could be built")
+    config = live_prior(model, config, time.time())
     return LivePolicy(config, table if model.autoscaling.reestimate_capacity else None, live_promote_s(model))
 
 

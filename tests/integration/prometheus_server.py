@@ -24,6 +24,20 @@ import httpx
 import pytest
 
 
+def backfill(openmetrics: str, workdir: Path) -> Path:
+    """A Prometheus data folder holding the samples of `openmetrics` (text ending "# EOF", times in
+    seconds), written by promtool's own backfill, for `prometheus_server(tsdb=...)`."""
+    binary = shutil.which("promtool")
+    if binary is None:
+        pytest.skip("promtool not installed (`make test` installs Debian's prometheus package)")
+    source, tsdb = workdir / "history.om", workdir / "backfilled"
+    source.write_text(openmetrics)
+    done = subprocess.run([binary, "tsdb", "create-blocks-from", "openmetrics", str(source), str(tsdb)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return tsdb
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,9 +68,11 @@ class Prometheus:
 
 
 @contextlib.contextmanager
-def prometheus_server(targets: list[str], workdir: Path, doors: list[str] = (), admin_token: str | None = None):
+def prometheus_server(targets: list[str], workdir: Path, doors: list[str] = (), admin_token: str | None = None,
+                      tsdb: Path | None = None):
     """`doors`: front doors scraped at /metrics with `admin_token` as a bearer token (job
-    hbmserve-doors), beside the plain `targets` (job hbmserve: Ray's metrics ports)."""
+    hbmserve-doors), beside the plain `targets` (job hbmserve: Ray's metrics ports). `tsdb`: a
+    data folder to serve (one `backfill` wrote); default: a new one in `workdir`."""
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.skip("prometheus not installed (`make test` installs Debian's package)")
@@ -75,7 +91,7 @@ def prometheus_server(targets: list[str], workdir: Path, doors: list[str] = (), 
                  f"    static_configs: [{{targets: [{listed}]}}]\n")
     config.write_text(text)
     port = _free_port()
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tsdb or workdir / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"

@@ -12,7 +12,6 @@ import typer
 from typer.testing import CliRunner
 
 import hbmserve.cli.serve as serve_cli
-import hbmserve.cli.serve_config as serve_config_cli
 
 CONFIG = """
 models:
@@ -33,7 +32,6 @@ def _run(tmp_path: Path, budget: int, *args: str):
     cfg.write_text(CONFIG % budget)
     app = typer.Typer()
     serve_cli.register(app)
-    serve_config_cli.register(app)
     command, *flags = args
     return CliRunner().invoke(app, [command, str(cfg), *flags])
 

@@ -46,9 +46,23 @@ def test_a_file_that_is_no_prior_and_a_path_never_read_are_refused(tmp_path):
     ({"bucket_s": 180, "rises_rps": [1.0, -2.0]}, ("rises_rps",)),
     ({"bucket_s": 180, "rises_rps": []}, ("rises_rps",)),
     ({"bucket_s": 180, "rises_rps": ["lots"]}, ("rises_rps",)),
+    ({"prometheus": "prometheus:9090"}, ("prometheus", "pattern")),
+    ({"prometheus": "http://prometheus:9090", "window_s": 30}, ("window_s", "greater than or equal to 60")),
+    ({"prometheus": "http://prometheus:9090", "step": 15}, ("prior.prometheus.step: unknown field",)),
+    (5, ("models.0.autoscaling.prior", "dictionary")),
 ])
 def test_a_bad_prior_names_its_field(tmp_path, prior, words):
     with pytest.raises(ConfigError) as err:
         load_cluster_spec(_config(tmp_path, prior))
     for w in words:
         assert w in str(err.value), str(err.value)
+
+
+def test_a_prior_to_read_from_prometheus_is_kept_for_the_deploy_to_read():
+    # The config holds where to read; the policy's config starts empty until the app is built
+    # (deployments/apps/autoscaling_options.py live_prior, tests/integration/test_prior_prometheus.py).
+    spec = parse_cluster_spec({"models": [{"name": "m", "source": "simulated", "engine": "sim", "autoscaling": {
+        "max_replicas": 4, "prior": {"prometheus": "http://prometheus.monitoring:9090", "window_s": 3600}}}]})
+    prior = spec.models[0].autoscaling.prior
+    assert (prior.prometheus, prior.window_s, prior.step_s) == ("http://prometheus.monitoring:9090", 3600, 15)
+    assert autoscale_config_for(spec.models[0]).prior_rises_rps == ()

@@ -83,3 +83,12 @@ def test_the_policy_starts_from_the_prior_and_holds_for_the_bursts_it_remembers(
     assert _first_decision(with_prior) >= 3  # 9 req/s over 2 per replica, at 0.01 $ a miss
     # The memory is the envelope's: live buckets replace the prior's, the smallest first.
     assert observed_rises(bursty(burst_rps=1.0, hours=0.5), CONFIG) != prior.rises_rps
+
+
+def test_a_rate_history_becomes_the_arrivals_it_counts_spread_over_each_step():
+    from hbmserve.autoscale.memory.prior import arrivals_of_rates
+
+    # 15-s steps: 0.2 req/s is 3 requests a step, spread evenly; 0.1 req/s carries its halves over.
+    got = arrivals_of_rates([(115.0, 0.2), (130.0, 0.1), (145.0, 0.1), (160.0, 0.0)], 15.0)
+    assert got == [2.5, 7.5, 12.5, 15.0 + 7.5, 30.0 + 3.75, 30.0 + 11.25]
+    assert arrivals_of_rates([], 15.0) == [] and arrivals_of_rates([(15.0, -1.0)], 15.0) == []
