@@ -67,8 +67,9 @@ class BurstEnvelope:
     # When the rate last came down by half of what its bucket had risen: it does after a burst
     # and in noise, never on a steady ramp. None: not within the memory.
     fell_at: float | None = None
-    # Bursts: the rate risen from the base by at least half the largest closed rise. When the
-    # one under way began (None: none is), and how long the last ones lasted (oldest first).
+    # Bursts: the rate risen from the base by at least half the largest closed rise, until it is
+    # back under a quarter of it. When the one under way began (None: none is), and how long the
+    # last ones lasted (oldest first).
     burst_from: float | None = None
     lengths_s: tuple[float, ...] = ()
 
@@ -107,7 +108,9 @@ class BurstEnvelope:
         low = rate_rps if env.open_min_rps is None else min(env.open_min_rps, rate_rps)
         burst_from, lengths = env.burst_from, env.lengths_s
         biggest = max(env.rises_rps, default=0.0)
-        in_burst = biggest > 0 and rise >= 0.5 * biggest
+        # In at half the largest rise, out only below a quarter: noise about one threshold
+        # would cut a burst into blips of a second or two.
+        in_burst = biggest > 0 and rise >= (0.5 if burst_from is None else 0.25) * biggest
         if in_burst and burst_from is None:
             burst_from = now
         elif not in_burst and burst_from is not None:

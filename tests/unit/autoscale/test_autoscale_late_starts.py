@@ -86,3 +86,14 @@ def test_a_scale_up_the_rate_alone_asks_for_is_judged_as_a_symptom_s_is():
     long_bursts = replace(learnt, lengths_s=(600.0,) * 3)  # a burst of this service outlasts a cold start
     decision, _ = decide(snap, config, PolicyState(target_active=2, envelope=long_bursts, up_since=95.0))
     assert decision.target_active > 2 and "not in time" not in decision.reason
+
+
+def test_a_burst_that_wobbles_about_half_its_height_is_one_burst_not_many_blips():
+    # The rate dips to 6 (5 over the lull, under half the 12-rps rise) every 5th second of a
+    # 300-s burst, as a look-back mean of Poisson arrivals does: one burst of about 300 s, not
+    # sixty of 4 s, whose median would mark every burst as too short for a cold replica.
+    env = BurstEnvelope(bucket_started_at=0.0, previous_min_rps=1.0, rises_rps=(1.0, 12.0))
+    t = 0.0
+    for rate in [1.0] * 200 + [6.0 if i % 5 == 4 else 13.0 for i in range(300)] + [1.0] * 200:
+        env, t = env.observe(t, rate, 180.0, 1800.0), t + 1
+    assert len(env.lengths_s) == 1 and 295 <= env.lengths_s[0] <= 305, env.lengths_s

@@ -5,7 +5,8 @@ purpose since (issue 10: scale-down demotes into the hot pool; issue 14: the poo
 starts kept until they serve, a 180 s backlog drain; issue 27: the burst envelope, off in a
 third of the runs, whose targets did not move; issue 38: the envelope's base over three buckets,
 when the rate last came down, how long bursts last, and the known top in the reasons, with every target and standby
-count unchanged on all 300 cases)."""
+count unchanged on all 300 cases; then a burst ends only below a quarter of the largest rise, again with
+every target and standby count unchanged)."""
 
 from __future__ import annotations
 
