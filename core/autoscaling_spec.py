@@ -80,7 +80,7 @@ class PrometheusPriorSpec(_Strict):
 
     prometheus: Annotated[str, Field(pattern=r"^https?://\S+$")]  # the server's base URL
     window_s: Annotated[float, Field(ge=60)] = 86400.0
-    # Set it to the scrape interval: the rate is taken over two steps, which then hold two scrapes.
+    # Set it to the scrape interval: each step's count is then what one scrape saw arrive.
     step_s: Annotated[float, Field(gt=0)] = 15.0
     timeout_s: Annotated[float, Field(gt=0)] = 10.0
 

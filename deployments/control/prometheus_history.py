@@ -49,8 +49,8 @@ def _series(url: str, name: str, model: str, start: float, end: float, step: flo
         body = r.json()
     except (httpx.HTTPError, ValueError) as err:
         raise HistoryError(f"Prometheus at {url}: {err or type(err).__name__}") from None
-    if body.get("status") != "success":
-        raise HistoryError(f"Prometheus at {url} answered {r.status_code}: {body.get('error', body)}")
+    if not isinstance(body, dict) or body.get("status") != "success":
+        raise HistoryError(f"Prometheus at {url} answered {r.status_code}: {body.get('error', body) if isinstance(body, dict) else body}")
     return [[(float(t), float(v)) for t, v in s["values"] if not math.isnan(float(v))]
             for s in body["data"]["result"]]
 
