@@ -279,7 +279,7 @@ def learn_cmd(
         if trace is not None:
             arr = scale_trace(read_trace(trace), scaling)
             auto = eval_config(cluster, arr)
-            prior = prior_from_trace(trace, scaling, auto, interval)
+            prior = learn_prior(arr.t.tolist(), auto, source=trace.name, interval_s=interval)
         else:
             history = request_rates(prometheus, cluster.model_name, window, step, time.time())
             times = arrivals_of_rates(history.rates, history.step_s)
