@@ -78,7 +78,7 @@ class Ask:
 class ModelCapacity:
     """What one model can take now, as the ingress sees it."""
 
-    active_sequences: int  # what the ACTIVE replicas take at once: their batches (max_num_seqs) and hand-off
+    active_sequences: int  # sum of max_num_seqs over the ACTIVE replicas
     in_flight_sequences: int
     in_flight_tokens: int
     max_tokens_in_flight: int

@@ -31,14 +31,6 @@ from hbmserve.routing.queue import Ask, ModelCapacity, Enqueue, Waiting, admit, 
 # Queue room per active replica beyond its running batch, in batches: the replica safety cap
 # (serve_app.QUEUE_SLOTS_PER_SEQ = 4 batches in all) less the running one.
 QUEUE_BATCHES = 3
-# Sequences each routable replica is sent beyond its batch (max_num_seqs // HANDOFF_DIVISOR): they
-# wait in the engine's own queue, so when a sequence finishes the engine takes the next at its next
-# step instead of idling a slot for the door's round trip (the door sees the stream end, releases
-# the next request, routes and sends it). Holding the batch exactly full from the door cost 0.81x
-# of bare vLLM's throughput at c=64 where the replica alone kept 1.03x (docs/benchmarks.md, issue
-# 22). Few enough that the door, not the engine's FIFO, still orders almost all of a backlog by
-# priority; none on batches under HANDOFF_DIVISOR, where one would be a large share of the batch.
-HANDOFF_DIVISOR = 8
 # After the policy promotes a hot standby (its upscale delay), the front doors route to it at
 # their next discovery (0.5 s).
 DISCOVERY_S = 0.5
@@ -53,11 +45,6 @@ _MIN_PACE_SAMPLES = 3
 # sorting a 30-s window on every request cost the door ~0.5 ms a request at 70 req/s.
 _PACE_REFRESH_S = 0.5
 _PACE_SAMPLES = 2048
-
-
-def handoff_sequences(max_num_seqs: int) -> int:
-    """Sequences queued at each replica's engine beyond its batch (HANDOFF_DIVISOR)."""
-    return max_num_seqs // HANDOFF_DIVISOR
 
 
 def ask_for(credential: Credential, model: ModelSpec, gen: Generation, now: float) -> Ask:
@@ -126,13 +113,11 @@ class ModelAdmission:
                 help_arriving_s=promotion_s if spare else m.autoscaling.startup_s.warm,
                 help_sequences=share(s.max_num_seqs), completion_sequences_per_s=self._pace(now, share(s.max_num_seqs)))
         # At least one replica's batch: an ask as big as a replica can run must fit an idle door.
-        # The hand-off comes out of the queue's room: what the door accepts in all is unchanged.
-        handoff = handoff_sequences(s.max_num_seqs)
-        active = max(share(routable * (s.max_num_seqs + handoff)), s.max_num_seqs)
+        active = max(share(routable * s.max_num_seqs), s.max_num_seqs)
         return ModelCapacity(
             active_sequences=active, in_flight_sequences=self.in_flight_sequences,
             in_flight_tokens=self.in_flight_tokens, max_tokens_in_flight=active * s.max_model_len,
-            queue_sequences=share(routable * (s.max_num_seqs * QUEUE_BATCHES - handoff)),
+            queue_sequences=share(routable * s.max_num_seqs * QUEUE_BATCHES),
             ttft_slo_s=m.slo.ttft_p95_ms / 1000,
             help_arriving_s=promotion_s if spare else None, help_sequences=share(spare * s.max_num_seqs),
             max_hold_s=promotion_s, completion_sequences_per_s=self._pace(now, active))
