@@ -19,7 +19,7 @@ from hbmserve.access.authorize import Denied, authorize
 from hbmserve.access.keys import KeyRing, KeysFileError, Tenant, parse_admin_token, parse_keys_file
 from hbmserve.access.limits import Allowed, Limited, TenantLimits
 from hbmserve.core.adapters import AdapterSpec
-from hbmserve.core.config import AuthSpec
+from hbmserve.core.serve_spec import AuthSpec
 
 
 log = logging.getLogger("hbmserve.frontdoor")

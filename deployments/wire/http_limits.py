@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from hbmserve.core.config import HttpSpec
+from hbmserve.core.serve_spec import HttpSpec
 
 # How long a refused connection is drained before it is closed (see `_refuse`).
 LINGER_S = 1.0

@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 
-from hbmserve.core.config import HttpSpec
+from hbmserve.core.serve_spec import HttpSpec
 from hbmserve.deployments.wire.hardened_http import HardenedServer, listen_socket
 from hbmserve.deployments.wire.http_limits import HttpLimits
 
