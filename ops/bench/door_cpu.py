@@ -6,9 +6,12 @@ paced by `speedup`), the front door's app and listener in front of it (ops/sim_d
 same FrontDoorApp, relay and HardenedServer the Serve deployment runs), and a client streaming
 `--concurrency` completions of `--tokens` tokens each. Sides, interleaved per round:
 * `direct`: the client streams from the replica's private port;
-* `door`: the same through the front door.
-Per side and round: tokens/s, and CPU-ms per 1,000 streamed tokens of the door and the replica
-process, read from /proc (utime + stime) over the run. The door's figure is what a token costs
+* `door`: the same through the front door;
+* `haproxy` (asked for with `--sides`): the same through Ray's bundled HAProxy in HTTP mode with
+  `option http-no-delay`, a compiled relay that decides nothing: what carrying the bytes costs
+  when no Python touches a chunk.
+Per side and round: tokens/s, and CPU-ms per 1,000 streamed tokens of the door, the replica
+process and HAProxy, read from /proc (utime + stime) over the run. The door's figure is what a token costs
 the data path; the replica's is the upper bound of what the door could save by being absent.
 
     python -m hbmserve.ops.bench.door_cpu --rounds 3 --concurrency 16 --tokens 256 --requests 64
@@ -104,9 +107,31 @@ async def _stream_all(url: str, token: str, concurrency: int, requests: int, tok
     return got
 
 
-def one_run(side: str, replica, door, token: str, args) -> dict:
-    url = replica.url if side == "direct" else door.url
-    pids = {"door": door.pid, "replica": replica.pid}
+def _haproxy(replica_url: str) -> subprocess.Popen:
+    import socket
+
+    from hbmserve.ops.bench.serving_overhead import start_haproxy
+
+    with socket.socket() as s:  # a free port for HAProxy's listener
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = start_haproxy(int(replica_url.rsplit(":", 1)[1]), port, no_delay=True)
+    proc.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("HAProxy did not start") from None
+            time.sleep(0.2)
+
+
+def one_run(side: str, servers: dict, token: str, args) -> dict:
+    url = servers["replica" if side == "direct" else side].url
+    pids = {name: p.pid for name, p in servers.items()}
     before = {k: cpu_s(p) for k, p in pids.items()}
     t0 = time.perf_counter()
     got = asyncio.run(_stream_all(url, token, args.concurrency, args.requests, args.tokens))
@@ -122,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--sides", nargs="+", choices=("direct", "door", "haproxy"), default=["direct", "door"])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)  # a child: replica TOKEN | door TOKEN@URL
     args = ap.parse_args(argv)
@@ -136,22 +162,26 @@ def main(argv: list[str] | None = None) -> None:
         return
     token = os.urandom(8).hex()
     replica = _child("replica", token)
-    door = _child("door", f"{token}@{replica.url}")
+    servers = {"replica": replica, "door": _child("door", f"{token}@{replica.url}")}
     rows = []
     try:
-        asyncio.run(_stream_all(door.url, token, args.concurrency, args.concurrency, 16))  # warm-up
+        if "haproxy" in args.sides:
+            servers["haproxy"] = _haproxy(replica.url)
+        for side in args.sides:  # each way warmed up alike
+            asyncio.run(_stream_all(servers["replica" if side == "direct" else side].url, token, args.concurrency,
+                                    args.concurrency, 16))
         for r in range(args.rounds):
-            for side in ("direct", "door"):
-                rows.append({"round": r, **one_run(side, replica, door, token, args)})
+            for side in args.sides:
+                rows.append({"round": r, **one_run(side, servers, token, args)})
                 print(json.dumps(rows[-1]), flush=True)
     finally:
-        for p in (door, replica):
+        for p in servers.values():
             p.kill()
             p.wait()
-    for side in ("direct", "door"):
+    for side in args.sides:
         mine = [x for x in rows if x["side"] == side]
-        print(f"{side}: tok/s median {statistics.median(x['tok_s'] for x in mine):,.0f}; door CPU-ms/1k tokens "
-              f"{[x['door_cpu_ms_per_1k'] for x in mine]}; replica {[x['replica_cpu_ms_per_1k'] for x in mine]}")
+        cpu = "; ".join(f"{k} {[x[f'{k}_cpu_ms_per_1k'] for x in mine]}" for k in servers)
+        print(f"{side}: tok/s median {statistics.median(x['tok_s'] for x in mine):,.0f}; CPU-ms/1k tokens: {cpu}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "rounds": rows}, indent=1))

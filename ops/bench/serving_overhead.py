@@ -107,9 +107,8 @@ def bare_vllm(model, extra_env: dict[str, str]):
         proc.wait(60)
 
 
-@contextlib.contextmanager
-def haproxy_in_front(target_port: int, no_delay: bool):
-    """Ray's bundled HAProxy in HTTP mode in front of one server: a compiled data plane.
+def start_haproxy(target_port: int, port: int, no_delay: bool) -> subprocess.Popen:
+    """Ray's bundled HAProxy in HTTP mode on `port` in front of one server: a compiled data plane.
     `no_delay` sets `option http-no-delay`, which forwards each streamed chunk at once instead of
     letting HAProxy coalesce them (its default favours throughput over latency)."""
     no_delay_line = "option http-no-delay" if no_delay else ""
@@ -126,7 +125,7 @@ defaults
   timeout client 600s
   timeout server 600s
 frontend fe
-  bind 127.0.0.1:{HAPROXY_PORT}
+  bind 127.0.0.1:{port}
   default_backend engines
 backend engines
   balance leastconn
@@ -134,8 +133,13 @@ backend engines
 """
     with tempfile.NamedTemporaryFile("w", suffix=".cfg", delete=False) as f:
         f.write(cfg)
-    proc = subprocess.Popen([get_haproxy_binary(), "-db", "-f", f.name], stdout=subprocess.DEVNULL,
+    return subprocess.Popen([get_haproxy_binary(), "-db", "-f", f.name], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def haproxy_in_front(target_port: int, no_delay: bool):
+    proc = start_haproxy(target_port, HAPROXY_PORT, no_delay)
     try:
         url = f"http://127.0.0.1:{HAPROXY_PORT}"
         wait_ready(url, 30, proc)
