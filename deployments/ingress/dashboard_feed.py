@@ -31,6 +31,7 @@ from hbmserve.core.rollout_records import RolloutRecord
 from hbmserve.deployments.ingress.dashboard import (HISTORY, ClientLatency, DashboardSample, DashboardSnapshot,
                                                  ModelInputs, ModelKvIndex, ReplicaView, build_sample, build_snapshot)
 from hbmserve.deployments.kv.door_kv import kv_routing
+from hbmserve.deployments.wire.chunk_push import ObservedPush
 from hbmserve.deployments.wire.http import openai_error, request_lengths
 from hbmserve.deployments.wire.names import engine_pools, pool_prices
 from hbmserve.capacity.perf.scenario import replica_usd_per_hour
@@ -89,6 +90,8 @@ class ReplyWatch:
                  clock: Callable[[], float] = time.monotonic):
         self.send, self.window, self.arrived_at, self.request_bytes = send, window, arrived_at, request_bytes
         self.clock = clock
+        inner = getattr(send, "push", None)  # a relayed stream's middle, written past `send`: timed too
+        self.push = None if inner is None else ObservedPush(inner, lambda body: self._body(body, True))
         self.status, self.streamed = 0, False
         self.events = self.first_events = 0
         self.first_at: float | None = None

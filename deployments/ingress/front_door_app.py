@@ -42,6 +42,7 @@ from hbmserve.deployments.ingress.request_body import (EMBEDDINGS, BodyError, Bo
 from hbmserve.deployments.ingress.two_phase import DECODE, TWO_PHASE_PATHS, Phase, TwoPhase
 from hbmserve.deployments.ingress.usage_tap import UsageTap, with_usage_asked
 from hbmserve.routing.queue import Ask
+from hbmserve.deployments.wire.chunk_push import pushing
 from hbmserve.deployments.wire.http import json_response, openai_error
 from hbmserve.deployments.wire.upstream import UpstreamPool
 from hbmserve.deployments.ingress.replica_table import ReplicaTable
@@ -260,6 +261,7 @@ class FrontDoorApp:
 
     async def _admit_and_relay(self, scope, receive, send, model: str, raw: bytes, ask: Ask, body: dict[str, Any],
                                tenant: str | None, tap: UsageTap, ledger: StreamLedger | None) -> None:
+        send = pushing(send, scope)  # a stream's middle goes straight to the socket (relay.py)
         if scope["path"] not in RUN_PATHS:
             route = RouteRequest(ask.prompt_tokens, 0, adapter=adapter_named(body, model))
             await _while_connected(receive, self._route_and_relay(scope, send, model, raw, route, tenant, tap))

@@ -9,6 +9,9 @@ unless the stream has a `StreamLedger` that can resume it (migration.py): then t
 left open (`Relayed.left_open`) for the front door to go on from another replica, whose reply
 `relay(..., resumed=True)` streams into the same response.
 A client that goes away cancels the upstream request, which frees the engine's slot.
+Once a stream's first piece is out, the rest is pumped: each piece goes from the replica's
+socket callback to the client's socket (`send.push`, wire/chunk_push.py) with the same ledger
+and tap on the way, and no task wake-up per piece.
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ async def relay(pool: UpstreamPool, url: str, method: str, headers: dict[str, st
         if not (is_sse and resp.status == 200):
             ledger = None  # an error reply: passed on as it is
         pass_on = (ledger.feed_continued if resumed else ledger.feed) if ledger is not None else None
+        push = getattr(send, "push", None) if is_sse else None
         try:
             chunk = first
             while chunk:
@@ -120,6 +124,9 @@ async def relay(pool: UpstreamPool, url: str, method: str, headers: dict[str, st
                     await send({"type": "http.response.body", "body": tap.feed(chunk), "more_body": True})
                 if ledger is not None and ledger.failed:
                     raise ConnectionResetError("the engine sent an error event")
+                if push is not None and push.usable:  # the reply has started: the rest goes straight on
+                    await resp.pump(_pushing(push, pass_on, tap, ledger), push.drain)
+                    break
                 chunk = await resp.read()
         except OSError as err:
             if ledger is not None and ledger.finished:  # every token is out: end the stream as it would have
@@ -136,6 +143,19 @@ async def relay(pool: UpstreamPool, url: str, method: str, headers: dict[str, st
         if streams is not None:
             streams.discard(resp)
         resp.release()
+
+
+def _pushing(push, pass_on, tap: UsageTap, ledger: StreamLedger | None):
+    """The sink for `UpstreamResponse.pump`: each piece as the loop above treats it, written
+    with the client's push (wire/chunk_push.py)."""
+    def sink(chunk: bytes) -> bool:
+        if pass_on is not None:
+            chunk = pass_on(chunk)
+        more = push.write(tap.feed(chunk)) if chunk else True
+        if ledger is not None and ledger.failed:
+            raise ConnectionResetError("the engine sent an error event")
+        return more
+    return sink
 
 
 async def end_broken(send, tap: UsageTap, is_sse: bool, message: str) -> None:

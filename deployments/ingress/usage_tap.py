@@ -54,6 +54,8 @@ def with_usage_asked(raw: bytes, body: dict[str, Any], gen: Generation) -> bytes
 
 def whole_events(held: bytes, chunk: bytes) -> tuple[bytes, bytes]:
     """(the whole server-sent events of `held` + `chunk`, the unfinished event after them)."""
+    if not held and chunk.endswith(_EVENT_END):  # the usual piece: whole events, nothing held
+        return chunk, b""
     data = held + chunk
     end = data.rfind(_EVENT_END)
     end = 0 if end < 0 else end + len(_EVENT_END)

@@ -15,6 +15,7 @@ nor the bytes spent getting there. `HardenedProtocol` adds, per connection:
   else gets 429 and the close. A kubelet or a load balancer probes from an address that may
   also carry traffic (a node, a NAT): its probe is answered even while that address is full,
   and a socket past the cap lives no longer than a refused one did (the lingering close).
+Each request's scope offers a `ChunkPush` (wire/chunk_push.py) for relaying a stream's body.
 The body's own timeout and size limit are the app's business (deployments/ingress/front_door_app.py
 `read_body`), where the request is. Idle keep-alive connections are closed by uvicorn's
 `timeout_keep_alive`.
@@ -34,6 +35,7 @@ from typing import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from hbmserve.deployments.wire.chunk_push import PUSH_EXTENSION, ChunkPush
 from hbmserve.deployments.wire.http import openai_error
 from hbmserve.deployments.wire.http_limits import (LINGER_S, OVERLOAD_RETRY_AFTER_S, PROBATION_S, PROBE_PATHS,
                                                    HttpLimits)
@@ -108,6 +110,8 @@ class HardenedProtocol(HttpToolsProtocol):
             self._over_the_cap(True)
             return
         super().on_headers_complete()
+        if self.cycle is not None and self.cycle.scope is self.scope:  # a request's own cycle (not an upgrade)
+            self.scope.setdefault("extensions", {})[PUSH_EXTENSION] = ChunkPush(self.cycle)
         if self._probation:
             self.cycle.keep_alive = False  # one probe, then the close
 

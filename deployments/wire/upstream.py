@@ -9,6 +9,10 @@ bare vLLM on this machine (docs/benchmarks.md), so this client does only what th
 one request at a time per connection, a whole request body, a reply with a content length or
 chunked encoding. A reply the parser cannot read is a broken connection, never a guess.
 
+A body is taken by `read()`, a piece per wake-up of the reader, or by `pump(sink)`, which hands
+each piece to `sink` inside the socket's callback: no future and no task wake-up per piece, the
+relay's path for a stream once its first piece is out (wire/chunk_push.py).
+
 Errors are OSErrors, as the relay expects of a broken hop: `ConnectionRefusedError` and friends
 from connecting, `ConnectionResetError` when the replica goes away or sends what is not HTTP.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -46,6 +51,13 @@ class UpstreamResponse:
     async def read(self) -> bytes:
         """The body bytes that arrived since the last read (waiting for some); b"" at its end."""
         return await self._conn.read()
+
+    async def pump(self, sink: Callable[[bytes], bool], drain: Callable[[], Awaitable[None]]) -> None:
+        """Hand the rest of the body to `sink`, piece by piece as it arrives, until the reply ends;
+        raises the connection's error if it breaks. `sink(piece)` returns False when its reader
+        is full: reading stops until `drain()` returns. An OSError that `sink` raises breaks the
+        reply (the connection is dropped and `pump` raises it)."""
+        await self._conn.pump(sink, drain)
 
     @property
     def at_eof(self) -> bool:
@@ -80,6 +92,8 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.reusable = True  # False after a HEAD: the parser cannot tell where that reply ends
         self.keep_alive = False
+        self.sink: Callable[[bytes], bool] | None = None  # while pumping: takes each body piece
+        self.sink_full = False  # the sink's reader is full: reading paused until it drains
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -109,6 +123,9 @@ class _Connection(asyncio.Protocol):
             self.started.set_result(self.parser.get_status_code())
 
     def on_body(self, body: bytes) -> None:
+        if self.sink is not None:
+            self._to_sink(body)
+            return
         self.body.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER_BYTES and not self.paused and self.transport is not None:
@@ -145,6 +162,49 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
             self.paused = False
         return out
+
+    async def pump(self, sink: Callable[[bytes], bool], drain: Callable[[], Awaitable[None]]) -> None:
+        self.sink = sink
+        try:
+            while self.body and self.sink is not None:  # what arrived before the pump began
+                piece = self.body.popleft()
+                self.buffered -= len(piece)
+                self._to_sink(piece)
+            if self.paused and self.transport is not None:  # the pump holds nothing back
+                self.transport.resume_reading()
+                self.paused = False
+            while True:
+                if self.error is not None:
+                    raise self.error
+                if self.complete:
+                    return
+                if self.sink_full:
+                    await drain()
+                    self.sink_full = False
+                    if self.transport is not None:
+                        self.transport.resume_reading()
+                    continue
+                self.waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self.waiter
+                finally:
+                    self.waiter = None
+        finally:
+            self.sink = None
+
+    def _to_sink(self, piece: bytes) -> None:
+        try:
+            more = self.sink(piece)
+        except OSError as err:  # the sink broke the reply (the engine sent an error event)
+            self.sink = None
+            self._fail(err)
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        if not more and not self.sink_full and self.transport is not None:
+            self.sink_full = True
+            self.transport.pause_reading()
+            self._wake()
 
     def _drain(self):
         while self.body:

@@ -18,7 +18,9 @@ the data path; the replica's is the upper bound of what the door could save by b
 
 `HBMSERVE_BENCH_LOOP=uvloop` runs the door on uvloop instead of asyncio's loop (measured: no
 difference, docs/benchmarks.md). `HBMSERVE_BENCH_MIGRATION_LIMIT=0` turns mid-stream migration
-off (the door then relays chunks without reading them for token ids).
+off (the door then relays chunks without reading them for token ids). `HBMSERVE_BENCH_PUSH=0`
+relays every chunk through ASGI `send` instead of the listener's push (wire/chunk_push.py), as
+the door did before the push: the A/B of that change.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ async def _serve_door(arg: str) -> None:
     from hbmserve.ops.sim_door import SimDoor
 
     token, url = arg.split("@", 1)
+    if os.environ.get("HBMSERVE_BENCH_PUSH") == "0":
+        from hbmserve.deployments.ingress import front_door_app
+
+        front_door_app.pushing = lambda send, scope: send  # every chunk through ASGI `send`
     limit = int(os.environ.get("HBMSERVE_BENCH_MIGRATION_LIMIT", "3"))
     spec = ClusterSpec.model_validate({"name": "door-cpu", "serve": {"migration_limit": limit}, "models": [MODEL]})
     m = spec.models[0]

@@ -216,6 +216,43 @@ def test_a_streamed_reply_gives_ttft_from_arrival_and_tpot_over_the_events_after
     assert list(w.tokens) == [(1.3, 4)]  # the usage report, not the event count
 
 
+def test_a_stream_whose_middle_is_pushed_past_send_is_timed_the_same():
+    """The relay writes a stream's middle with the listener's push (wire/chunk_push.py), not
+    `send`: the watch sees those pieces too, and passes each on to the push unchanged."""
+    from hbmserve.deployments.wire.chunk_push import PushingSend
+
+    class Push:
+        usable, written = True, []
+
+        def write(self, body: bytes) -> bool:
+            self.written.append(body)
+            return True
+
+    ev = b'data: {"choices": [{"text": "x"}]}\n\n'
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 4}}\n\n'
+    window, clock, sent, push = ReplyWindow(), _Clock(0.9), [], Push()
+
+    async def send(message):
+        sent.append(message)
+
+    watch = ReplyWatch(PushingSend(send, push), window, 0.5, request_bytes=400, clock=clock)
+
+    async def go():
+        await watch(_start(b"text/event-stream"))
+        clock.t = 1.0
+        await watch(_body(ev))
+        for at, piece in ((1.1, ev + ev), (1.2, ev), (1.3, usage + b"data: [DONE]\n\n")):
+            clock.t = at
+            assert watch.push.write(piece) is True
+        await watch(_body(b"", more=False))
+
+    asyncio.run(go())
+    assert push.written == [ev + ev, ev, usage + b"data: [DONE]\n\n"] and len(sent) == 3
+    assert list(window.ttft_s) == [(1.3, pytest.approx(0.5))]  # as the same reply sent whole through `send`
+    assert list(window.tpot_s) == [(1.3, pytest.approx(0.3 / 4))]
+    assert list(window.tokens) == [(1.3, 4)]
+
+
 def test_a_whole_json_reply_counts_tokens_but_no_latency_and_errors_count_nothing():
     body = json.dumps({"choices": [{"text": "hi"}], "usage": {"prompt_tokens": 3, "completion_tokens": 7}}).encode()
     w = _play([(0.7, _start(b"application/json")), (0.8, _body(body, more=False))])

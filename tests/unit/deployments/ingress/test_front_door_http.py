@@ -1,6 +1,8 @@
 """The front door's HTTP plumbing on real loopback sockets: header timeouts (slowloris), and the
 relay's failure semantics (retry only before the first byte; a broken stream ends with an SSE
-error event). No Ray: the servers here are uvicorn and raw asyncio sockets in this process."""
+error event), and a stream's middle pushed to the client's socket (whole, in order, held back
+by a client that stops reading). No Ray: the servers here are uvicorn and raw asyncio sockets
+in this process."""
 
 from __future__ import annotations
 
@@ -189,3 +191,110 @@ def test_a_replica_that_accepts_and_stays_silent_times_out_before_any_byte():
         return sent.messages
 
     assert run(scenario()) == []  # the app answers 504 itself; nothing was sent yet
+
+
+async def relaying_server(url: str, pushed: list[int]) -> tuple[HardenedServer, int, UpstreamPool]:
+    """A listener whose app relays every request to `url` as the front door does, with the
+    listener's push (wire/chunk_push.py); `pushed` counts the pieces written by the push."""
+    from hbmserve.deployments.wire.chunk_push import ObservedPush, pushing
+
+    pool = UpstreamPool()
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        send = pushing(send, scope)
+        send.push = ObservedPush(send.push, lambda body: pushed.append(len(body)))
+        await relay(pool, url + "/v1/completions", "POST", {}, b"{}", send, 5, 0.0)
+
+    server, port = await start(app, HttpLimits(keep_alive_s=5))
+    return server, port, pool
+
+
+def sse_chunk(i: int) -> bytes:
+    event = b'data: {"choices":[{"text":"t%d"}]}\n\n' % i
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+def test_a_stream_through_a_real_listener_is_pushed_whole_and_in_order_and_a_break_still_ends_it():
+    async def tokens(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for i in range(20):
+            writer.write(sse_chunk(i))
+            await writer.drain()
+            await asyncio.sleep(0.005)
+        if reader_dies[0]:
+            writer.transport.abort()  # the replica dies mid-stream
+            return
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def scenario():
+        upstream, url = await raw_upstream(tokens)
+        pushed: list[int] = []
+        server, port, pool = await relaying_server(url, pushed)
+        try:
+            async with httpx.AsyncClient() as client:
+                whole = await client.post(f"http://127.0.0.1:{port}/v1/completions", content=b"{}")
+                reader_dies[0] = True
+                broken = await client.post(f"http://127.0.0.1:{port}/v1/completions", content=b"{}")
+        finally:
+            await server.stop()
+            await pool.close()
+            upstream.close()
+        texts = [json.loads(line[6:])["choices"][0]["text"] for line in whole.text.splitlines() if line.startswith("data: ")]
+        assert texts == [f"t{i}" for i in range(20)]
+        assert len(pushed) >= 10  # the middle of each stream went through the push, not ASGI send
+        events = [line[6:] for line in broken.text.splitlines() if line.startswith("data: ")]
+        assert [json.loads(e)["choices"][0]["text"] for e in events[:-1]] == [f"t{i}" for i in range(20)]
+        assert json.loads(events[-1])["error"]["code"] == "replica_failed"
+
+    reader_dies = [False]
+    run(scenario())
+
+
+def test_a_client_that_stops_reading_stops_the_relay_reading_the_replica_and_loses_nothing():
+    """40 MB of events, far past what the sockets' buffers hold (10-12 MB here; the client's
+    receive buffer is pinned small): while the client reads nothing, the replica's writes must
+    stall. Without the pause every piece is written (measured: 10,000 of 10,000)."""
+    total, size = 10000, 4096
+    written = []
+
+    async def flood(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for i in range(total):
+            writer.write(b"%x\r\n%s\r\n" % (size, b"x" * (size - 10) + b"%08d\n\n" % i))
+            await writer.drain()  # blocks while the door has stopped reading
+            written.append(i)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def scenario():
+        upstream, url = await raw_upstream(flood)
+        server, port, pool = await relaying_server(url, [])
+        try:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+            sock.connect(("127.0.0.1", port))
+            r, w = await asyncio.open_connection(sock=sock, limit=2**16)
+            w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 2\r\n\r\n{}")
+            await r.readuntil(b"\r\n\r\n")  # the status line; then the client reads nothing for a while
+            await asyncio.sleep(1.0)
+            stalled_at = len(written)
+            body = bytearray()
+            while not body.endswith(b"0\r\n\r\n"):
+                body += await asyncio.wait_for(r.read(2**16), timeout=10)
+            w.close()
+        finally:
+            await server.stop()
+            await pool.close()
+            upstream.close()
+        assert stalled_at < total // 2, stalled_at  # the replica was held back, not buffered whole in the door
+        numbers = [int(piece[-8:]) for piece in bytes(body).split(b"\n\n") if piece[-8:].isdigit()]
+        assert numbers == list(range(total)), stalled_at  # every piece, in order
+
+    run(scenario())

@@ -183,16 +183,18 @@ def test_closing_a_reply_from_outside_wakes_its_reader_with_a_reset():
     run(scenario())
 
 
+BIG = bytes(range(256)) * (3 * HIGH_WATER_BYTES // 256)  # a reply three high-water marks long
+
+
+async def large(reader, writer, _):
+    await read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(BIG))
+    for i in range(0, len(BIG), 65536):
+        writer.write(BIG[i:i + 65536])
+        await writer.drain()
+
+
 def test_a_reply_larger_than_the_high_water_mark_arrives_whole():
-    big = bytes(range(256)) * (3 * HIGH_WATER_BYTES // 256)
-
-    async def large(reader, writer, _):
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(big))
-        for i in range(0, len(big), 65536):
-            writer.write(big[i:i + 65536])
-            await writer.drain()
-
     async def scenario():
         server, url, _ = await serve(large)
         pool = UpstreamPool()
@@ -200,8 +202,107 @@ def test_a_reply_larger_than_the_high_water_mark_arrives_whole():
             resp = await pool.request("POST", url + "/", {}, b"{}")
             await asyncio.sleep(0.3)  # let the door's buffer fill past the mark: reading pauses
             assert resp._conn.paused
-            assert await read_all(resp) == big
+            assert await read_all(resp) == BIG
             resp.release()
+        finally:
+            await pool.close()
+            server.close()
+
+    run(scenario())
+
+
+def test_a_pumped_body_reaches_the_sink_piece_by_piece_and_the_connection_is_reused():
+    """`pump` hands each piece to the sink as it arrives (what came before the pump first), then
+    returns at the reply's end, leaving a clean keep-alive connection."""
+    async def stream(reader, writer, _):
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                         + b"%x\r\n%s\r\n" % (9, b"data: 0\n\n"))
+            await writer.drain()
+            for i in range(1, 6):
+                await asyncio.sleep(0.02)  # one piece per socket read
+                writer.write(b"%x\r\n%s\r\n" % (9, b"data: %d\n\n" % i))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    async def scenario():
+        server, url, conns = await serve(stream)
+        pool = UpstreamPool()
+        try:
+            resp = await pool.request("POST", url + "/", {}, b"{}")
+            assert await resp.read() == b"data: 0\n\n"
+            pieces: list[bytes] = []
+            await resp.pump(lambda piece: pieces.append(piece) is None, asyncio.sleep)
+            assert b"".join(pieces) == b"".join(b"data: %d\n\n" % i for i in range(1, 6)) and len(pieces) >= 3
+            resp.release()
+            again = await pool.request("POST", url + "/", {}, b"{}")
+            assert await read_all(again) == b"".join(b"data: %d\n\n" % i for i in range(6))
+            again.release()
+            assert len(conns) == 1
+        finally:
+            await pool.close()
+            server.close()
+
+    run(scenario())
+
+
+def test_a_full_sink_pauses_reading_until_it_drains_and_nothing_is_lost():
+    async def scenario():
+        server, url, _ = await serve(large)
+        pool = UpstreamPool()
+        got, drained = [], asyncio.Event()
+        conn_paused = []
+
+        async def drain():
+            conn_paused.append(resp._conn.sink_full)  # reading stopped while the sink was full
+            await asyncio.sleep(0.05)
+            drained.set()
+
+        try:
+            resp = await pool.request("POST", url + "/", {}, b"{}")
+            # Full after every piece: each must wait for a drain before the next is read.
+            await resp.pump(lambda piece: got.append(piece) and False, drain)
+            assert b"".join(got) == BIG and drained.is_set() and all(conn_paused)
+            resp.release()
+        finally:
+            await pool.close()
+            server.close()
+
+    run(scenario())
+
+
+def test_a_sink_that_raises_breaks_the_reply_and_its_connection_is_not_reused():
+    async def stream(reader, writer, _):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for i in range(5):
+            writer.write(b"%x\r\n%s\r\n" % (9, b"data: %d\n\n" % i))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def scenario():
+        server, url, conns = await serve(stream)
+        pool = UpstreamPool()
+        seen = []
+
+        def sink(piece: bytes) -> bool:
+            seen.append(piece)
+            if b"2" in piece:
+                raise ConnectionResetError("the engine sent an error event")
+            return True
+
+        try:
+            resp = await pool.request("POST", url + "/", {}, b"{}")
+            with pytest.raises(ConnectionResetError, match="error event"):
+                await resp.pump(sink, asyncio.sleep)
+            assert not any(b"3" in p for p in seen)  # nothing after the break reached the sink
+            resp.release()
+            await asyncio.sleep(0.05)  # the aborted socket's close is reported on a later loop turn
+            assert pool.open_connections == 0 and len(conns) == 1
         finally:
             await pool.close()
             server.close()
