@@ -271,19 +271,21 @@ class FrontDoorApp:
             send = self.dashboard.watch(model, send, ask.arrived_at, len(raw))
         if (adapter := adapter_named(body, model)) is not None:
             send = self.meter.watch(adapter, send, ask.arrived_at, len(raw))
-        # A client that leaves while queued gives its place back at once (enter's cancellation).
-        ticket = await _while_connected(receive, gate.enter(ask))
-        if ticket is None:
-            return
-        if isinstance(ticket, Refusal):
-            await self._refuse(send, ticket, model, tenant)
-            return
-        try:
-            route, precise = self._route_request(scope["path"], model, body, ask)
-            await _while_connected(receive, self._route_and_relay(scope, send, model, raw, route, tenant, tap,
-                                                                  ledger, precise, body))
-        finally:
-            gate.leave(ticket)
+
+        async def admitted() -> None:
+            ticket = await gate.enter(ask)
+            if isinstance(ticket, Refusal):
+                await self._refuse(send, ticket, model, tenant)
+                return
+            try:
+                route, precise = self._route_request(scope["path"], model, body, ask)
+                await self._route_and_relay(scope, send, model, raw, route, tenant, tap, ledger, precise, body)
+            finally:
+                gate.leave(ticket)
+
+        # A client that leaves cancels both steps: a queued place is given back at once (enter's
+        # cancellation), a relayed request is aborted in its engine.
+        await _while_connected(receive, admitted())
 
     def _route_request(self, path: str, model: str, body: dict[str, Any], ask: Ask) -> tuple[RouteRequest, bool]:
         """The request as the router sees it, and whether its prefix hashes are the engines' own

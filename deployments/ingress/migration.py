@@ -90,7 +90,7 @@ class StreamLedger:
         self.chat = path == CHAT
         self.body = body
         self.keep_ids = body.get("return_token_ids") is True  # the client asked for them itself
-        self.prompt_ids: list[int] | None = None
+        self._prompt_ids: bytes | None = None  # as the first event spelt them (parsed on a break)
         self._sent: list[int] = []  # token ids passed on to the client, as far as parsed
         self._sent_unparsed: list[bytes] = []  # the rest, as the events spelt them (parsed on a break)
         self.finished = False  # a finish reason has been passed on: nothing is left to generate
@@ -99,6 +99,11 @@ class StreamLedger:
         self.migrations = 0
         self._envelope: dict[str, Any] | None = None  # id, object, created, model of the first event
         self._held = b""
+
+    @property
+    def prompt_ids(self) -> list[int] | None:
+        """The prompt's token ids, as the engine reported them; None before its first event."""
+        return None if self._prompt_ids is None else _ints(self._prompt_ids)
 
     @property
     def sent(self) -> list[int]:
@@ -110,7 +115,7 @@ class StreamLedger:
 
     @property
     def can_resume(self) -> bool:
-        return not self.finished and self.prompt_ids is not None and self._envelope is not None
+        return not self.finished and self._prompt_ids is not None and self._envelope is not None
 
     def _whole_events(self, chunk: bytes) -> bytes:
         data, self._held = whole_events(self._held, chunk)
@@ -129,8 +134,8 @@ class StreamLedger:
         if self._envelope is None:
             first = json.loads(data[data.index(b"{"):data.index(_EVENT_END)])
             self._envelope = {k: first.get(k) for k in ("id", "object", "created", "model")}
-        if self.prompt_ids is None and (m := _PROMPT_IDS.search(data)):
-            self.prompt_ids = _ints(m.group(1))
+        if self._prompt_ids is None and (m := _PROMPT_IDS.search(data)):
+            self._prompt_ids = m.group(1)
         self._sent_unparsed += _IDS.findall(data)
         self.finished = self.finished or _FINISHED.search(data) is not None
         self.usage_sent = self.usage_sent or _USAGE in data
@@ -148,7 +153,7 @@ class StreamLedger:
         half-sent, or its error, is dropped."""
         self.failed, self._held = False, b""
         body = self.body
-        out: dict[str, Any] = {"model": body["model"], "prompt": self.prompt_ids + self.sent, "stream": True,
+        out: dict[str, Any] = {"model": body["model"], "prompt": (self.prompt_ids or []) + self.sent, "stream": True,
                                "return_token_ids": True, "stream_options": {"include_usage": True}}
         out |= {k: body[k] for k in _SAMPLING_KEYS if k in body}
         most = body.get("max_completion_tokens") or body.get("max_tokens")
