@@ -10,7 +10,7 @@ less of the door's CPU per streamed token (docs/benchmarks.md, issue 22).
 
 Only a reply's middle goes this way. Its start and its end still go through ASGI `send`, so
 uvicorn's state (started, complete, keep-alive) and every wrapper's view of the reply stay as
-they were; a wrapper that reads the body sees the pushed pieces through `observed`.
+they were; a wrapper that reads the body sees the pushed pieces through `ObservedPush`.
 
 The listener (wire/hardened_http.py) offers one per request in the scope's extensions, under
 PUSH_EXTENSION; `pushing(send, scope)` gives the app a `send` that carries it.
