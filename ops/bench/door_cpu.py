@@ -9,14 +9,16 @@ same FrontDoorApp, relay and HardenedServer the Serve deployment runs), and a cl
 * `door`: the same through the front door;
 * `haproxy` (asked for with `--sides`): the same through Ray's bundled HAProxy in HTTP mode with
   `option http-no-delay`, a compiled relay that decides nothing: what carrying the bytes costs
-  when no Python touches a chunk.
+  when no Python touches a chunk;
+* `inproc` (asked for with `--sides`): a replica and a door in one process, the door calling the
+  replica's ASGI app with no socket between them (ops/bench/inproc_door.py): what the hop costs.
 Per side and round: tokens/s, and CPU-ms per 1,000 streamed tokens of the door, the replica
-process and HAProxy, read from /proc (utime + stime) over the run. The door's figure is what a token costs
+process, HAProxy and the in-process pair, read from /proc (utime + stime) over the run. The door's figure is what a token costs
 the data path; the replica's is the upper bound of what the door could save by being absent.
 
     python -m hbmserve.ops.bench.door_cpu --rounds 3 --concurrency 16 --tokens 256 --requests 64
 
-`HBMSERVE_BENCH_LOOP=uvloop` runs the door on uvloop instead of asyncio's loop (measured: no
+`HBMSERVE_BENCH_LOOP=uvloop` runs the door (and the in-process pair) on uvloop instead of asyncio's loop (measured: no
 difference, docs/benchmarks.md). `HBMSERVE_BENCH_MIGRATION_LIMIT=0` turns mid-stream migration
 off (the door then relays chunks without reading them for token ids). `HBMSERVE_BENCH_PUSH=0`
 relays every chunk through ASGI `send` instead of the listener's push (wire/chunk_push.py), as
@@ -58,24 +60,26 @@ def _child(role: str, arg: str) -> subprocess.Popen:
     return proc
 
 
-async def _serve_replica(token: str) -> None:
+def _replica(token: str):
     from hbmserve.core.config import ModelSpec
     from hbmserve.deployments.replica.engine_replica import replica_budget
     from hbmserve.deployments.replica.sim_server import SimHttpServer
 
     model = ModelSpec.model_validate(MODEL)
-    server = SimHttpServer(model, "127.0.0.1", replica_budget(model), token)
-    print(await server.start(), flush=True)
+    return SimHttpServer(model, "127.0.0.1", replica_budget(model), token)
+
+
+async def _serve_replica(token: str) -> None:
+    print(await _replica(token).start(), flush=True)
     await asyncio.Event().wait()
 
 
-async def _serve_door(arg: str) -> None:
+def _door(token: str, url: str):
     from hbmserve.core.config import ClusterSpec
     from hbmserve.core.records import ReplicaEndpoint
     from hbmserve.deployments.wire.names import engine_deployment_name
     from hbmserve.ops.sim_door import SimDoor
 
-    token, url = arg.split("@", 1)
     if os.environ.get("HBMSERVE_BENCH_PUSH") == "0":
         from hbmserve.deployments.ingress import front_door_app
 
@@ -85,7 +89,24 @@ async def _serve_door(arg: str) -> None:
     m = spec.models[0]
     ep = ReplicaEndpoint(app=m.name, deployment=engine_deployment_name(m), replica="r0", model=m.name, url=url,
                          node_id="local", at=0.0)
-    async with SimDoor(spec, endpoints=[ep], token=token) as door:
+    return SimDoor(spec, endpoints=[ep], token=token)
+
+
+async def _serve_door(arg: str) -> None:
+    token, url = arg.split("@", 1)
+    async with _door(token, url) as door:
+        print(door.url, flush=True)
+        await asyncio.Event().wait()
+
+
+async def _serve_inproc(token: str) -> None:
+    """A replica and a door in one process, the door calling the replica's app directly."""
+    from hbmserve.ops.bench.inproc_door import InProcessPool
+
+    replica = _replica(token)
+    url = await replica.start()  # its listener answers the door's load polls
+    async with _door(token, url) as door:
+        door.app.upstream = InProcessPool(replica.listener._server.cap)  # the app the listener serves, its cap included
         print(door.url, flush=True)
         await asyncio.Event().wait()
 
@@ -153,18 +174,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--sides", nargs="+", choices=("direct", "door", "haproxy"), default=["direct", "door"])
+    ap.add_argument("--sides", nargs="+", choices=("direct", "door", "haproxy", "inproc"), default=["direct", "door"])
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)  # a child: replica TOKEN | door TOKEN@URL
+    ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)  # a child: replica TOKEN | door TOKEN@URL | inproc TOKEN
     args = ap.parse_args(argv)
     if args.serve:
         role, arg = args.serve
-        if os.environ.get("HBMSERVE_BENCH_LOOP") == "uvloop" and role == "door":
+        serve = {"replica": _serve_replica, "door": _serve_door, "inproc": _serve_inproc}[role](arg)
+        if os.environ.get("HBMSERVE_BENCH_LOOP") == "uvloop" and role in ("door", "inproc"):
             import uvloop
 
-            uvloop.run(_serve_door(arg))
+            uvloop.run(serve)
         else:
-            asyncio.run(_serve_replica(arg) if role == "replica" else _serve_door(arg))
+            asyncio.run(serve)
         return
     token = os.urandom(8).hex()
     replica = _child("replica", token)
@@ -173,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if "haproxy" in args.sides:
             servers["haproxy"] = _haproxy(replica.url)
+        if "inproc" in args.sides:
+            servers["inproc"] = _child("inproc", token)
         for side in args.sides:  # each way warmed up alike
             asyncio.run(_stream_all(servers["replica" if side == "direct" else side].url, token, args.concurrency,
                                     args.concurrency, 16))
