@@ -191,6 +191,10 @@ class _Connection(asyncio.Protocol):
                     self.waiter = None
         finally:
             self.sink = None
+            if self.sink_full:  # the reply ended while the sink was full: a reused connection must read
+                self.sink_full = False
+                if self.transport is not None:
+                    self.transport.resume_reading()
 
     def _to_sink(self, piece: bytes) -> None:
         try:

@@ -265,6 +265,7 @@ def test_a_full_sink_pauses_reading_until_it_drains_and_nothing_is_lost():
             # Full after every piece: each must wait for a drain before the next is read.
             await resp.pump(lambda piece: got.append(piece) and False, drain)
             assert b"".join(got) == BIG and drained.is_set() and all(conn_paused)
+            assert resp._conn.transport.is_reading()  # full at the last piece: reading resumed for reuse
             resp.release()
         finally:
             await pool.close()
