@@ -170,9 +170,10 @@ class _Connection(asyncio.Protocol):
                 piece = self.body.popleft()
                 self.buffered -= len(piece)
                 self._to_sink(piece)
-            if self.paused and self.transport is not None:  # the pump holds nothing back
-                self.transport.resume_reading()
+            if self.paused:  # the pump holds nothing back: only a full sink pauses reading now
                 self.paused = False
+                if not self.sink_full and self.transport is not None:
+                    self.transport.resume_reading()
             while True:
                 if self.error is not None:
                     raise self.error
