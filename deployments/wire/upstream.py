@@ -151,11 +151,7 @@ class _Connection(asyncio.Protocol):
                 return b""
             if self.error is not None:
                 raise self.error
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
+            await self._woken()
         out = self.body.popleft() if len(self.body) == 1 else b"".join(self._drain())
         self.buffered -= len(out)
         if self.paused and self.buffered <= HIGH_WATER_BYTES // 2 and self.transport is not None:
@@ -185,17 +181,21 @@ class _Connection(asyncio.Protocol):
                     if self.transport is not None:
                         self.transport.resume_reading()
                     continue
-                self.waiter = asyncio.get_running_loop().create_future()
-                try:
-                    await self.waiter
-                finally:
-                    self.waiter = None
+                await self._woken()
         finally:
             self.sink = None
             if self.sink_full:  # the reply ended while the sink was full: a reused connection must read
                 self.sink_full = False
                 if self.transport is not None:
                     self.transport.resume_reading()
+
+    async def _woken(self) -> None:
+        """Until `_wake`: a body piece, the reply's end, an error or a full sink."""
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
 
     def _to_sink(self, piece: bytes) -> None:
         try:
