@@ -67,10 +67,10 @@ class SimDoor:
         self.table = ReplicaTable([m.name for m in self.spec.models], set())
         self.table.update(endpoints, {})
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
-        await self.table.poll(self.session, self.token)
         self.admission = {m.name: ModelAdmission(m, self.table) for m in self.spec.models}
         self.app = FrontDoorApp(self.spec, self.table, guard, self.admission, lambda: self.session, self.token,
                                 BodyLimits(http.max_body_bytes, http.body_timeout_s, http.first_byte_timeout_s))
+        await self.table.poll(self.app.upstream, self.token)
         sock = listen_socket(self.host, self.port, shared=False)
         self.url = "http://{}:{}".format(*sock.getsockname()[:2])
         self.server = HardenedServer(self.app, HttpLimits.of(http),
@@ -86,7 +86,7 @@ class SimDoor:
         """As the front door's loop: fresh replica loads, then release what now fits."""
         while True:
             await asyncio.sleep(POLL_S)
-            await self.table.poll(self.session, self.token)
+            await self.table.poll(self.app.upstream, self.token)
             for gate in self.admission.values():
                 gate.pump()
 

@@ -138,7 +138,7 @@ class FrontDoor:
         await reload_keys(self.keys, self.guard)
 
     async def _poll(self) -> None:
-        await self.table.poll(self.session, self.app.token)
+        await self.table.poll(self.app.upstream, self.app.token)
         for gate in self.admission.values():
             gate.pump()
 

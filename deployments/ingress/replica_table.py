@@ -30,6 +30,7 @@ from hbmserve.routing.prefix import RecentPrefixes
 from hbmserve.deployments.kv.door_kv import DoorKv
 from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER, LOAD_PATH
 from hbmserve.deployments.wire.names import pool_key
+from hbmserve.deployments.wire.upstream import UpstreamPool
 
 log = logging.getLogger("hbmserve.frontdoor")
 
@@ -56,7 +57,7 @@ class KnownReplica:
     sent_since_poll: int = 0
     prefixes: RecentPrefixes = field(default_factory=lambda: RecentPrefixes(PREFIX_MEMORY))
     unreachable_since: float | None = None  # loop time of the first poll failed in a row
-    streams: set = field(default_factory=set)  # the aiohttp replies being relayed from it now
+    streams: set = field(default_factory=set)  # the replies being relayed from it now
     adapters: AdapterHolding = AdapterHolding()  # its LoRA adapters, as its last report said
 
     def cut_streams(self) -> None:
@@ -116,19 +117,17 @@ class ReplicaTable:
             if self.kv is not None:
                 self.kv.sync(model, eps.values())
 
-    async def poll(self, session, token: str) -> None:
-        """Every known replica's load report, concurrently."""
+    async def poll(self, client: UpstreamPool, token: str) -> None:
+        """Every known replica's load report, concurrently, over the relay's own HTTP client."""
         everyone = [r for table in self.replicas.values() for r in table.values()]
-        await asyncio.gather(*(self._poll_one(session, r, token) for r in everyone))
+        await asyncio.gather(*(self._poll_one(client, r, token) for r in everyone))
 
-    async def _poll_one(self, session, r: KnownReplica, token: str) -> None:
-        import aiohttp
-
+    async def _poll_one(self, client: UpstreamPool, r: KnownReplica, token: str) -> None:
         try:
-            async with session.get(r.endpoint.url + LOAD_PATH, headers={INTERNAL_TOKEN_HEADER.decode(): token},
-                                   timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT_S)) as resp:
-                report = LoadReport.from_json(await resp.read()) if resp.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, RecordError):
+            status, body = await client.get(r.endpoint.url + LOAD_PATH, {INTERNAL_TOKEN_HEADER.decode(): token},
+                                            POLL_TIMEOUT_S)
+            report = LoadReport.from_json(body) if status == 200 else None
+        except (OSError, TimeoutError, RecordError):
             report = None
         if report is None:
             if r.reachable:

@@ -1,7 +1,7 @@
 """The front door's HTTP/1.1 client for the relay: keep-alive connections pooled per replica,
 httptools' C parser, and each body piece handed to the relay as it arrives.
 
-Why not aiohttp, which the door uses for everything else (polls, prefill, metrics): the relay
+Why not aiohttp, which the door uses for everything else (prefill, metrics, KV events): the relay
 is the path every streamed token takes, and there aiohttp costs ~21 us a chunk where a bare
 asyncio.Protocol costs ~13.5 (ops/bench/relay_floor.py), plus its request machinery (timers,
 multidicts, a payload writer) on every request. Issue 22 measured the door as the whole gap to
@@ -273,6 +273,20 @@ class UpstreamPool:
             if method == "HEAD":  # no body follows; the parser cannot know that, so no reuse
                 conn.complete, conn.reusable = True, False
             return UpstreamResponse(conn, status, conn.headers)
+
+    async def get(self, url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, bytes]:
+        """A small reply whole: (status, body), within `timeout_s` (TimeoutError) or an OSError.
+        The replicas' load reports go this way: ten a second each, where aiohttp cost the door
+        ~1.5 ms of CPU a poll (docs/benchmarks.md, issue 22)."""
+        async with asyncio.timeout(timeout_s):
+            resp = await self.request("GET", url, headers, b"")
+            try:
+                parts = []
+                while piece := await resp.read():
+                    parts.append(piece)
+                return resp.status, b"".join(parts)
+            finally:
+                resp.release()
 
     def _reused(self, key: tuple[str, int]) -> _Connection | None:
         idle = self._idle.get(key)

@@ -112,9 +112,9 @@ async def _scenario(spec, prefill_url: str, decode_url: str) -> dict:
         table.update([ReplicaEndpoint(app="tiny", deployment=f"engine-tiny-{role.value}", replica=role.value,
                                       model="tiny", url=url, node_id="n", at=0.0, role=role.value)
                       for role, url in zip(Role, (prefill_url, decode_url))], {})
-        await table.poll(session, TOKEN)
         app = FrontDoorApp(spec, table, AccessGuard(None), {"tiny": ModelAdmission(spec.models[0].serving(), table)},
                            lambda: session, TOKEN, BodyLimits())
+        await table.poll(app.upstream, TOKEN)
         http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://door", timeout=120)
         client = AsyncOpenAI(base_url="http://door/v1", api_key="unused", http_client=http)
         before = await _loaded_tokens(session, decode_url)

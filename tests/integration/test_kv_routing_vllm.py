@@ -113,10 +113,10 @@ async def _door(session, started, kv: DoorKv | None) -> tuple[FrontDoorApp, Repl
                                            "engine_settings": {"max_model_len": 512, "max_num_seqs": 4}}]})
     table = ReplicaTable([MODEL], set(), kv=kv)
     table.update(_endpoints(started), {})
-    await table.poll(session, TOKEN)
-    table.get(MODEL, "r1").waiting = 3  # r1 looks busier: only what it holds can draw a request to it
     app = FrontDoorApp(spec, table, AccessGuard(None), {m.name: ModelAdmission(m, table) for m in spec.models},
                        lambda: session, TOKEN, BodyLimits())
+    await table.poll(app.upstream, TOKEN)
+    table.get(MODEL, "r1").waiting = 3  # r1 looks busier: only what it holds can draw a request to it
     return app, table
 
 

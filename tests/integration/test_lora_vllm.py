@@ -82,9 +82,9 @@ async def _scenario(url: str) -> dict:
         table = ReplicaTable(["tiny"], set())
         table.update([ReplicaEndpoint(app="tiny", deployment="engine-tiny", replica="r0", model="tiny", url=url,
                                       node_id="n", at=0.0)], {})
-        await table.poll(session, TOKEN)
         app = FrontDoorApp(spec, table, AccessGuard(None), {m.name: ModelAdmission(m, table) for m in spec.models},
                            lambda: session, TOKEN, BodyLimits())
+        await table.poll(app.upstream, TOKEN)
         http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://door", timeout=120)
         client = AsyncOpenAI(base_url="http://door/v1", api_key="unused", http_client=http)
 
@@ -93,7 +93,7 @@ async def _scenario(url: str) -> dict:
             return r.choices[0].text
 
         async def holding():
-            await table.poll(session, TOKEN)
+            await table.poll(app.upstream, TOKEN)
             return table.get("tiny", "r0").adapters
 
         listed = [(m.id, getattr(m, "parent", None)) async for m in client.models.list()]

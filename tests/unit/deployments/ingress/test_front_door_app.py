@@ -61,10 +61,10 @@ class Door:
                                at=0.0) for i, u in enumerate(urls)]
         self.table.update(eps, {})
         self.session = aiohttp.ClientSession()
-        await self.table.poll(self.session, TOKEN)
         self.admission = {m.name: ModelAdmission(m, self.table) for m in self.spec.models}
         self.app = FrontDoorApp(self.spec, self.table, AccessGuard(self.ring), self.admission, lambda: self.session,
                                 TOKEN, self.limits, **(self.wire(self) if self.wire else {}))
+        await self.table.poll(self.app.upstream, TOKEN)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://door",
                                         timeout=30)
         # Tests that set replica state by hand run without the poll loop, which would overwrite it.
@@ -75,7 +75,7 @@ class Door:
         """The front door's poll loop: fresh loads, then release what now fits."""
         while True:
             await asyncio.sleep(0.05)
-            await self.table.poll(self.session, TOKEN)
+            await self.table.poll(self.app.upstream, TOKEN)
             for gate in self.admission.values():
                 gate.pump()
 

@@ -9,10 +9,11 @@ import time
 
 from hbmserve.core.records import ReplicaEndpoint
 from hbmserve.deployments.ingress.replica_table import ReplicaTable
+from hbmserve.deployments.wire.upstream import UpstreamPool
 
 
 class Reply:
-    """Stands in for an aiohttp reply being relayed: the table only closes it."""
+    """Stands in for an upstream reply being relayed: the table only closes it."""
 
     closed = False
 
@@ -32,8 +33,6 @@ def _endpoint(replica: str, port: int, draining: bool = False) -> ReplicaEndpoin
 
 
 def test_a_draining_replica_takes_nothing_new_and_keeps_its_streams_until_it_is_withdrawn():
-    import aiohttp
-
     async def run():
         table = ReplicaTable(["m"], set(), lost_after_s=0.0)
         port = _closed_port()
@@ -44,9 +43,10 @@ def test_a_draining_replica_takes_nothing_new_and_keeps_its_streams_until_it_is_
             table.get("m", rid).streams.add(reply)
         table.update([_endpoint("a", port, draining=True), _endpoint("b", port)], {})
         assert not table.get("m", "a").active and table.get("m", "b").active
-        async with aiohttp.ClientSession() as session:
-            for _ in range(2):  # both refuse polls, past lost_after_s: only the live one is lost
-                await table.poll(session, "token")
+        client = UpstreamPool()
+        for _ in range(2):  # both refuse polls, past lost_after_s: only the live one is lost
+            await table.poll(client, "token")
+        await client.close()
         assert streams["b"].closed and not streams["a"].closed
         table.update([_endpoint("b", port)], {})  # the drain is over: withdrawn
         assert streams["a"].closed and table.get("m", "a") is None

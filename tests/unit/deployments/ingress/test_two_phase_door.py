@@ -60,12 +60,12 @@ class Pools:
         self.table = ReplicaTable(["m"], set())
         self.table.update(eps, {})
         self.session = aiohttp.ClientSession()
-        await self.table.poll(self.session, TOKEN)
-        for r in self.table.replicas["m"].values():  # the dead look alive until a request finds them
-            r.reachable = True
         admission = {"m": ModelAdmission(model.serving(), self.table)}
         self.app = FrontDoorApp(SPEC, self.table, AccessGuard(None), admission, lambda: self.session, TOKEN,
                                 BodyLimits())
+        await self.table.poll(self.app.upstream, TOKEN)
+        for r in self.table.replicas["m"].values():  # the dead look alive until a request finds them
+            r.reachable = True
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://door",
                                         timeout=30)
         return self

@@ -309,3 +309,31 @@ def test_a_sink_that_raises_breaks_the_reply_and_its_connection_is_not_reused():
             server.close()
 
     run(scenario())
+
+
+def test_get_returns_a_small_reply_whole_and_a_silent_one_times_out_without_reuse():
+    async def handler(reader, writer, n):
+        while True:
+            head, _ = await read_request(reader)
+            if b"/silent" in head:
+                await asyncio.sleep(5)  # answers nothing within the caller's timeout
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunked(b'{"wai', b'ting":1}'))
+            await writer.drain()
+
+    async def scenario():
+        server, url, conns = await serve(handler)
+        pool = UpstreamPool()
+        try:
+            assert await pool.get(url + "/hbm/load", {"x-tok": "t"}, 2.0) == (200, b'{"waiting":1}')
+            assert await pool.get(url + "/hbm/load", {}, 2.0) == (200, b'{"waiting":1}')
+            assert len(conns) == 1  # the second poll reused the first's connection
+            with pytest.raises(TimeoutError):
+                await pool.get(url + "/silent", {}, 0.2)
+            assert await pool.get(url + "/hbm/load", {}, 2.0) == (200, b'{"waiting":1}')
+            assert len(conns) == 2  # the timed-out connection was dropped, not pooled
+        finally:
+            await pool.close()
+            server.close()
+
+    run(scenario())
