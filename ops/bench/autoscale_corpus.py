@@ -84,6 +84,17 @@ Loader = Callable[[], Arrivals]
 SIBLING_SEED = 10  # a generated trace's other day: the same generator, this much further in seeds
 
 
+# Each generator of real-shaped traffic, by name: seed -> arrivals.
+GENERATORS: dict[str, Callable[[int], Arrivals]] = {
+    "code": lambda seed: code_arrivals(CodeTraceSpec(), seed),
+    "burst": lambda seed: burst_arrivals(BurstSpec(), seed),
+    "lulls": lambda seed: lulls_arrivals(LullsTraceSpec(), seed),
+    "lulls-chat": lambda seed: lulls_arrivals(
+        LullsTraceSpec(mix="chat", diurnal_amplitude=0.5, diurnal_period_s=3600.0), seed),
+    "diurnal": lambda seed: diurnal_arrivals(DiurnalTraceSpec(), seed),
+}
+
+
 def _half(load: Loader, second: bool) -> Arrivals:
     arr = load()
     mid = float(arr.t[-1]) / 2
@@ -104,18 +115,10 @@ def corpus(azure_code: Path | None) -> dict[str, tuple[Loader, Loader | None] | 
     for name, load in (("azure-conv", conv), ("azure-code", code)):
         out[f"{name}-2nd"] = ((lambda load=load: _half(load, True), lambda load=load: _half(load, False))
                               if not isinstance(out[name], str) else out[name])
-    gens: dict[str, Callable[[int], Arrivals]] = {
-        "code": lambda seed: code_arrivals(CodeTraceSpec(), seed),
-        "burst": lambda seed: burst_arrivals(BurstSpec(), seed),
-        "lulls": lambda seed: lulls_arrivals(LullsTraceSpec(), seed),
-        "lulls-chat": lambda seed: lulls_arrivals(
-            LullsTraceSpec(mix="chat", diurnal_amplitude=0.5, diurnal_period_s=3600.0), seed),
-        "diurnal": lambda seed: diurnal_arrivals(DiurnalTraceSpec(), seed),
-    }
     for name, seeds in (("code", (0,)), ("burst", (0,)), ("lulls", (0, 1, 2)), ("lulls-chat", (0,)),
                         ("diurnal", (0, 1))):
         for seed in seeds:
-            gen = gens[name]
+            gen = GENERATORS[name]
             out[f"{name}-{seed}"] = (lambda gen=gen, seed=seed: gen(seed),
                                      lambda gen=gen, seed=seed: gen(seed + SIBLING_SEED))
     return out

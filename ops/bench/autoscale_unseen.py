@@ -16,22 +16,12 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hbmserve.autoscale.memory.prior import learn_prior, learnt_config
 from hbmserve.capacity.sim.evaluate import EvalResult, eval_config, evaluate, load_eval_cluster
 from hbmserve.capacity.sim.frontier import FleetRuns, dominates, static_frontier
-from hbmserve.capacity.traces.arrivals import Arrivals
-from hbmserve.capacity.traces.burst_trace import BurstSpec, burst_arrivals
-from hbmserve.capacity.traces.diurnal_trace import DiurnalTraceSpec, diurnal_arrivals
-from hbmserve.capacity.traces.lulls_trace import LullsTraceSpec, lulls_arrivals
-from hbmserve.ops.bench.autoscale_corpus import SIBLING_SEED
-
-GENERATORS: dict[str, Callable[[int], Arrivals]] = {
-    "burst": lambda seed: burst_arrivals(BurstSpec(), seed),
-    "lulls": lambda seed: lulls_arrivals(LullsTraceSpec(), seed),
-    "diurnal": lambda seed: diurnal_arrivals(DiurnalTraceSpec(), seed),
-}
+from hbmserve.ops.bench.autoscale_corpus import GENERATORS, SIBLING_SEED
 
 
 def _row(r: EvalResult) -> dict[str, Any]:
