@@ -15,15 +15,20 @@ The model, every term explicit:
   Each bucket records its rise: the highest arrival rate (the look-back mean the snapshot
   reports) above the lowest one of that bucket and the two before (so a rise that starts near a
   bucket's end is seen whole, and a burst longer than a bucket is still measured from the lull
-  it rose from). The
-  last `memory_s` of buckets are kept and older ones forgotten, so the envelope follows a
-  diurnal drift with that lag. The first look-back window is not observed: its rate climbs
-  from nothing while the window fills, which is no burst.
+  it rose from), and what it would have missed at each headroom over its base (memory/backlog.py: a
+  fluid queue per headroom fed the same rate). The last `memory_s` of live buckets are kept
+  and older ones forgotten, so the envelope follows a diurnal drift with that lag; a prior's
+  buckets (the service's past) are kept for good beside them. The first look-back window is
+  not observed: its rate climbs from nothing while the window fills, which is no burst.
 * Peaks. Were a bucket like one of those to start now, its peak would be base + rise, with base
   the lowest rate of the last one to three buckets (where a burst would rise from). Two buckets
   were too few: inside a 5-minute burst both were the burst, and the floor held for a second
   burst on top of it (burst-0: 5 replicas held for a 45 rps "peak" where 25 was the top).
-* Misses. A peak is taken to last L = `length_s` (burst_length_s, 90 s: real bursts last 1-3
+* Misses. A bucket with curves misses, with n replicas (mu = n·c requests/s, c: one replica's
+  capacity at the SLO), what its backlog missed at headroom mu - base now: its own shape, so a
+  top touched for seconds costs what it cost, not what a top held for minutes would. A bucket
+  known only by its rise (a prior learnt before the curves) is priced as a rectangle: its peak
+  taken to last L = `length_s` (burst_length_s, 90 s: real bursts last 1-3
   minutes, and the backlog a peak leaves takes about as long to drain). n replicas serve
   mu = n·c requests/s (c: one replica's capacity at the SLO). A peak lambda over mu queues
   (lambda - mu)·t requests after t seconds, and a request misses once that queue takes longer
@@ -35,7 +40,10 @@ The model, every term explicit:
   average over the kept buckets:
       n · replica_usd_per_hour · bucket_s / 3600  +  mean_k misses_k(n) · slo_miss_usd.
   The pool's economics price both (warm_pool.py: 10 $/h a replica against 0.01 $ a miss, so a
-  replica held through a 180-s bucket must save 50 misses on average over the buckets).
+  replica held through a 180-s bucket must save 50 misses on average over the buckets). Each
+  replica the hold adds to or takes from the policy's current target also pays one bucket's
+  hold (a start, now or when the next burst calls it back): a hold near the break-even then
+  stays put instead of flapping by one replica, a cold start each time.
 * Floor. The policy scales down only to the replicas held, and orders up to them ahead of the
   next burst (a forecast, so with the forecast's delay).
 
@@ -48,6 +56,8 @@ import math
 import statistics
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
+
+from hbmserve.autoscale.memory import backlog
 
 if TYPE_CHECKING:  # policy_config imports nothing from here; the type is only an annotation
     from hbmserve.autoscale.policy_config import AutoscaleConfig
@@ -72,11 +82,27 @@ class BurstEnvelope:
     # last ones lasted (oldest first).
     burst_from: float | None = None
     lengths_s: tuple[float, ...] = ()
+    # What each closed bucket missed per headroom over its base (memory/backlog.py), aligned with
+    # rises_rps; None for a bucket only its rise is known of (a prior learnt before the curves),
+    # which is priced by the rectangle (peak_misses). step_rps 0: no curves are measured.
+    step_rps: float = 0.0
+    misses: tuple[tuple[float, ...] | None, ...] = ()
+    open_misses: tuple[float, ...] = ()
+    queues: tuple[float, ...] = ()  # the fluid backlog per headroom, carried across buckets
+    seen_at: float | None = None  # the last sample's time
+    # The first this many buckets are the prior's (the service's past, autoscale/memory/prior.py):
+    # never forgotten, so a quiet half hour does not erase what yesterday's bursts taught.
+    prior_buckets: int = 0
+    # Where the prior's bursts rose from (the median base of its buckets): the base until the
+    # live memory holds three buckets' lows of its own. None: no prior, or one without it.
+    prior_base_rps: float | None = None
 
     @property
     def base_rps(self) -> float:
         """The lowest rate of the last one to three buckets: where a burst would rise from."""
         mins = [m for m in (self.earlier_min_rps, self.previous_min_rps, self.open_min_rps) if m is not None]
+        if self.earlier_min_rps is None and self.prior_base_rps is not None:
+            mins.append(self.prior_base_rps)  # the first rate seen may be a burst's, not a lull's
         return min(mins) if mins else 0.0
 
     @property
@@ -85,9 +111,16 @@ class BurstEnvelope:
         base = self.base_rps
         return tuple(base + r for r in (*self.rises_rps, self.open_rise_rps))
 
+    @property
+    def curves(self) -> tuple[tuple[float, ...] | None, ...]:
+        """Each kept bucket's misses per headroom (None: unknown), the open bucket last."""
+        closed_ones = self.misses if len(self.misses) == len(self.rises_rps) else (None,) * len(self.rises_rps)
+        return (*closed_ones, self.open_misses if self.step_rps > 0 else None)
+
     def observe(self, now: float, rate_rps: float, bucket_s: float,
-                memory_s: float) -> BurstEnvelope:
-        """The envelope with one more rate sample at `now`."""
+                memory_s: float, ttft_s: float = 0.0) -> BurstEnvelope:
+        """The envelope with one more rate sample at `now` (`ttft_s`: the target the backlog's
+        misses are counted against; used only when the envelope measures curves)."""
         if now < self.bucket_started_at:  # the look-back window is still filling
             return self
         env = self
@@ -95,11 +128,16 @@ class BurstEnvelope:
         while now >= env.bucket_started_at + bucket_s:  # close the buckets that ended
             closed_at = env.bucket_started_at + bucket_s
             forgotten = env.fell_at is not None and closed_at - env.fell_at > memory_s
+            p = env.prior_buckets
+            curves = env.curves
             env = BurstEnvelope(closed_at, previous_min_rps=env.open_min_rps,
                                 earlier_min_rps=env.previous_min_rps,
-                                rises_rps=(*env.rises_rps, env.open_rise_rps)[-keep:],
+                                rises_rps=(*env.rises_rps[:p], *(*env.rises_rps[p:], env.open_rise_rps)[-keep:]),
                                 fell_at=None if forgotten else env.fell_at,
-                                burst_from=env.burst_from, lengths_s=env.lengths_s)
+                                burst_from=env.burst_from, lengths_s=env.lengths_s,
+                                step_rps=env.step_rps, misses=(*curves[:p], *(*curves[p:-1], env.closed_curve)[-keep:]),
+                                queues=env.queues, seen_at=env.seen_at, prior_buckets=p,
+                                prior_base_rps=env.prior_base_rps)
         seen = any(m is not None for m in (env.open_min_rps, env.previous_min_rps, env.earlier_min_rps))
         rise = rate_rps - min(env.base_rps, rate_rps) if seen else 0.0
         # Come down by half of what this bucket rose: a burst ended, or noise wobbled (its top,
@@ -115,8 +153,18 @@ class BurstEnvelope:
             burst_from = now
         elif not in_burst and burst_from is not None:
             burst_from, lengths = None, (*lengths, now - burst_from)[-keep:]
+        queues, misses = env.queues, env.open_misses
+        if env.step_rps > 0 and env.seen_at is not None:
+            queues, misses = backlog.advance(queues, misses, rate_rps=rate_rps, base_rps=env.base_rps,
+                                             dt_s=now - env.seen_at, step_rps=env.step_rps, ttft_s=ttft_s)
         return replace(env, open_rise_rps=max(env.open_rise_rps, rise), open_min_rps=low,
-                       fell_at=now if fell else env.fell_at, burst_from=burst_from, lengths_s=lengths)
+                       fell_at=now if fell else env.fell_at, burst_from=burst_from, lengths_s=lengths,
+                       queues=queues, open_misses=misses, seen_at=now)
+
+    @property
+    def closed_curve(self) -> tuple[float, ...] | None:
+        """The open bucket's misses as a closed bucket keeps them; None: not measured."""
+        return backlog.closed(self.open_misses) if self.step_rps > 0 else None
 
     @classmethod
     def from_dict(cls, values: dict) -> BurstEnvelope:
@@ -124,10 +172,16 @@ class BurstEnvelope:
             v = values.get(name)
             return None if v is None else float(v)
 
+        def floats(name: str) -> tuple[float, ...]:
+            return tuple(float(v) for v in values.get(name, ()))
+
         return cls(float(values["bucket_started_at"]), float(values.get("open_rise_rps", 0.0)),
-                   rate("open_min_rps"), rate("previous_min_rps"),
-                   tuple(float(v) for v in values.get("rises_rps", ())), rate("earlier_min_rps"),
-                   rate("fell_at"), rate("burst_from"), tuple(float(v) for v in values.get("lengths_s", ())))
+                   rate("open_min_rps"), rate("previous_min_rps"), floats("rises_rps"), rate("earlier_min_rps"),
+                   rate("fell_at"), rate("burst_from"), floats("lengths_s"),
+                   step_rps=float(values.get("step_rps", 0.0)), prior_buckets=int(values.get("prior_buckets", 0)),
+                   prior_base_rps=rate("prior_base_rps"),
+                   misses=tuple(None if c is None else tuple(float(v) for v in c) for c in values.get("misses", ())),
+                   open_misses=floats("open_misses"), queues=floats("queues"), seen_at=rate("seen_at"))
 
 
 @dataclass(frozen=True)
@@ -152,19 +206,38 @@ def peak_misses(peak_rps: float, capacity_rps: float, length_s: float, ttft_s: f
     return peak_rps * max(0.0, length_s - missing_after_s)
 
 
+def bucket_misses(env: BurstEnvelope, capacity_rps: float, *, length_s: float, ttft_s: float,
+                  bucket_s: float) -> tuple[float, ...]:
+    """What each kept bucket, the open one last, would miss were it to come again with
+    `capacity_rps` over the base now: its fluid backlog's count (memory/backlog.py), or for a bucket
+    only its rise is known of, the rectangle (the module docstring's "Misses")."""
+    base = env.base_rps
+    return tuple(peak_misses(base + rise, capacity_rps, length_s, ttft_s) if curve is None
+                 else backlog.missed_at(curve, capacity_rps - base, env.step_rps, bucket_s)
+                 for rise, curve in zip((*env.rises_rps, env.open_rise_rps), env.curves))
+
+
 def envelope_floor(env: BurstEnvelope, *, replica_rps: float, replica_usd_per_hour: float,
                    slo_miss_usd: float, bucket_s: float, length_s: float, ttft_s: float,
-                   max_replicas: int) -> EnvelopeFloor:
-    """Replicas worth holding for the envelope's peaks (the module docstring's "Worth")."""
-    peaks = env.peaks_rps
+                   max_replicas: int, held: int | None = None) -> EnvelopeFloor:
+    """Replicas worth holding for the envelope's buckets (the module docstring's "Worth"), from
+    `held` now (None: from nothing)."""
     hold_usd = replica_usd_per_hour * bucket_s / 3600.0
 
     def misses(n: int) -> float:
-        return sum(peak_misses(p, n * replica_rps, length_s, ttft_s) for p in peaks) / len(peaks)
+        each = bucket_misses(env, n * replica_rps, length_s=length_s, ttft_s=ttft_s, bucket_s=bucket_s)
+        return sum(each) / len(each)
+
+    def switch_usd(n: int) -> float:
+        # Each replica the hold adds or lets go pays one start (a bucket is one start-up long):
+        # now, or when the next burst calls it back. Without it the hold flapped by one replica
+        # on every small change of the mean, and each flap was a cold start billed for nothing.
+        return 0.0 if held is None else abs(n - held) * hold_usd
 
     # Scan every count: the misses fall in steps, so the cost need not be convex.
-    best = min(range(max_replicas + 1), key=lambda n: (n * hold_usd + misses(n) * slo_miss_usd, n))
-    return EnvelopeFloor(best, max(peaks), misses(best), len(peaks))
+    best = min(range(max_replicas + 1),
+               key=lambda n: (n * hold_usd + misses(n) * slo_miss_usd + switch_usd(n), n))
+    return EnvelopeFloor(best, max(env.peaks_rps), misses(best), len(env.peaks_rps))
 
 
 def observed_envelope(env: BurstEnvelope | None, now: float, rate_rps: float,
@@ -181,12 +254,25 @@ def observed_envelope(env: BurstEnvelope | None, now: float, rate_rps: float,
         # from its tops; a past that only climbed did not.
         fell = bool(rises) and min(rises) < 0.5 * max(rises)
         env = BurstEnvelope(bucket_started_at=now + config.look_back_s, rises_rps=rises,
-                            fell_at=now if fell else None, lengths_s=config.prior_lengths_s[-keep:])
-    return env.observe(now, rate_rps, bucket_of(config), config.burst_memory_s)
+                            fell_at=now if fell else None, lengths_s=config.prior_lengths_s[-keep:],
+                            step_rps=backlog.step_of(config.replica_capacity_rps),
+                            misses=prior_curves(config)[-keep:], prior_buckets=len(rises),
+                            prior_base_rps=config.prior_base_rps)
+    return env.observe(now, rate_rps, bucket_of(config), config.burst_memory_s, config.ttft_p95_target_s)
 
 
-def burst_floor(env: BurstEnvelope | None, config: AutoscaleConfig) -> EnvelopeFloor | None:
-    """Replicas the burst envelope asks to hold; None when it is off."""
+def prior_curves(config: AutoscaleConfig) -> tuple[tuple[float, ...] | None, ...]:
+    """The prior's misses per headroom on this config's grid; None for each bucket when the prior
+    has none (learnt before they were)."""
+    if len(config.prior_misses) != len(config.prior_rises_rps):
+        return (None,) * len(config.prior_rises_rps)
+    step = backlog.step_of(config.replica_capacity_rps)
+    return tuple(backlog.regrid(c, config.prior_miss_step_rps, step) for c in config.prior_misses)
+
+
+def burst_floor(env: BurstEnvelope | None, config: AutoscaleConfig,
+                held: int | None = None) -> EnvelopeFloor | None:
+    """Replicas the burst envelope asks to hold, `held` now; None when it is off."""
     if env is None:
         return None
     # A held replica is priced as a hot standby is: loaded, idle, billed.
@@ -194,7 +280,7 @@ def burst_floor(env: BurstEnvelope | None, config: AutoscaleConfig) -> EnvelopeF
                           replica_usd_per_hour=config.hot_idle_usd_per_hour,
                           slo_miss_usd=config.slo_miss_usd, bucket_s=bucket_of(config),
                           length_s=config.burst_length_s, ttft_s=config.ttft_p95_target_s,
-                          max_replicas=config.max_replicas)
+                          max_replicas=config.max_replicas, held=held)
 
 
 @dataclass(frozen=True)
@@ -227,6 +313,9 @@ def known_peak(env: BurstEnvelope | None, rate_rps: float, config: AutoscaleConf
     hold_usd = config.hot_idle_usd_per_hour * bucket_of(config) / 3600.0
     cap = config.replica_capacity_rps
 
+    # The top alone, as a rectangle: a burst's misses land in the buckets after its top (its
+    # backlog drains there), so the top bucket's own curve under-prices it where buckets are
+    # short; the rectangle is the bound the trend is capped at, not a hold.
     def cost(n: int) -> float:
         return n * hold_usd + config.slo_miss_usd * peak_misses(
             peak, n * cap, config.burst_length_s, config.ttft_p95_target_s)

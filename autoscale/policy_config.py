@@ -88,6 +88,11 @@ class AutoscaleConfig:
     # autoscale/memory/prior.py); empty: no memory at start.
     prior_rises_rps: tuple[float, ...] = ()
     prior_lengths_s: tuple[float, ...] = ()  # how long the past's bursts lasted
+    # What each of those buckets missed per headroom (autoscale/memory/backlog.py), on a grid of
+    # prior_miss_step_rps; empty: the prior has only rises.
+    prior_misses: tuple[tuple[float, ...], ...] = ()
+    prior_miss_step_rps: float = 0.0
+    prior_base_rps: float | None = None  # where the past's bursts rose from; None: unknown
     prior_source: str = ""
 
     def __post_init__(self) -> None:
@@ -126,6 +131,9 @@ class AutoscaleConfig:
             problems.append("prior_rises_rps must all be >= 0")
         if any(not s > 0 for s in self.prior_lengths_s):
             problems.append("prior_lengths_s must all be > 0")
+        if self.prior_misses and (len(self.prior_misses) != len(self.prior_rises_rps)
+                                  or not self.prior_miss_step_rps > 0):
+            problems.append("prior_misses needs one curve per prior rise and prior_miss_step_rps > 0")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -143,6 +151,8 @@ class AutoscaleConfig:
         for name in ("prior_rises_rps", "prior_lengths_s"):  # lists once through JSON (Serve's policy_kwargs)
             if name in values:
                 values = {**values, name: tuple(values[name])}
+        if "prior_misses" in values:
+            values = {**values, "prior_misses": tuple(tuple(c) for c in values["prior_misses"])}
         return cls(**values)
 
 
@@ -193,5 +203,8 @@ def autoscale_config_for(model: ModelSpec, estimated_capacity_rps: float | None 
         # A prior to read from Prometheus is learnt where the app is built (deployments/apps).
         prior_rises_rps=a.prior.rises_rps if isinstance(a.prior, PriorSpec) else (),
         prior_lengths_s=a.prior.lengths_s if isinstance(a.prior, PriorSpec) else (),
+        prior_misses=a.prior.misses if isinstance(a.prior, PriorSpec) else (),
+        prior_miss_step_rps=a.prior.miss_step_rps if isinstance(a.prior, PriorSpec) else 0.0,
+        prior_base_rps=a.prior.base_rps if isinstance(a.prior, PriorSpec) else None,
         prior_source=a.prior.learned_from if isinstance(a.prior, PriorSpec) else "",
     )

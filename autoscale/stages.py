@@ -57,6 +57,7 @@ class Signals:
     arrival_rps: float
     warm_ready: int
     current: int
+    held: int | None  # the policy's last target; None before its first decision
     floor: int
     idle: bool  # nothing in flight and nothing arriving
     ttft_p95_s: float | None  # None: fewer samples than min_latency_samples
@@ -97,6 +98,7 @@ def read_signals(snapshot: Snapshot, config: AutoscaleConfig, state: PolicyState
         warm_ready=snapshot.warm_ready,
         current=state.target_active if state.target_active is not None
         else load.active + load.starting,
+        held=state.target_active,
         floor=max(config.min_replicas, 1 if load.pending > 0 else 0),
         idle=load.in_flight == 0 and snapshot.arrival_rate_rps <= 0.0,
         ttft_p95_s=p95(ttft) if len(ttft) >= enough else None, ttft_samples=len(ttft),
@@ -152,7 +154,7 @@ def needs_of(signals: Signals, config: AutoscaleConfig) -> Needs:
             signals.tpot_p95_s, config.tpot_p95_target_s, load.active, config.max_latency_growth,
             signals.muted),
         ingress=1 if load.pending > 0 else 0,
-        burst=burst_floor(signals.envelope, config),
+        burst=burst_floor(signals.envelope, config, held=signals.held),
     )
 
 
@@ -213,6 +215,8 @@ def pool_for(signals: Signals, config: AutoscaleConfig, active: int,
         warm_bounds=(config.warm_pool_min, config.warm_pool_max),
         max_replicas=config.max_replicas,
         known_top_rps=None if known is None else known.peak_rps,
+        # Once the envelope remembers a bucket it prices the steps (warm_pool.size_pool).
+        steps=signals.envelope is None or not signals.envelope.rises_rps,
     )
 
 

@@ -61,6 +61,9 @@ def prob_rate_exceeds(mu: float, sigma: float, threshold: float) -> float:
     return 0.5 * math.erfc((threshold - mu) / (sigma * math.sqrt(2.0)))
 
 
+NO_SURGE = (0.0, 0.0, 1.0, 0.0, 0.0)  # no step expected
+
+
 def _count_worth_keeping(
     *,
     mu: float,
@@ -70,7 +73,7 @@ def _count_worth_keeping(
     saving_per_use_usd: float,
     idle_cost_usd: float,
     upper: int,
-    surge: tuple[float, float, float, float, float] = (0.0, 0.0, 1.0, 0.0, 0.0),
+    surge: tuple[float, float, float, float, float] = NO_SURGE,
 ) -> tuple[int, float]:
     """How many standbys pay for themselves, and the use probability of the last one kept
     (or of the first one refused, when none is kept). surge: (probability of a step within
@@ -120,12 +123,17 @@ def size_pool(
     max_replicas: int,
     surge_prior_s: float = 600.0,
     known_top_rps: float | None = None,
+    steps: bool = True,
 ) -> PoolSizing:
     """The module docstring's model. `known_top_rps`: the rate is inside a burst like one seen
     before, whose top this is (envelope.known_peak): demand is taken to reach that top and no
     further (no spread around it, no step past it), and the active replicas count at their full
     capacity, as the known peak's replicas were sized. Without this the spread of the rate kept
-    a hot standby beside a fleet that carried the top (burst-0: 0.5 replica on average)."""
+    a hot standby beside a fleet that carried the top (burst-0: 0.5 replica on average).
+    `steps` False: the burst envelope prices the steps already (it holds active replicas for
+    the bursts it remembers, against what they miss), so they keep no standby here as well: on
+    the lulls traces a step's standby sat beside the envelope's three replicas for 15 minutes
+    (lulls-5: 0.76 GPU-h over a fixed fleet of 3)."""
     room = max(0, max_replicas - target_active)
     t_hot, t_warm, t_cold = startup_s[Tier.HOT], startup_s[Tier.WARM], startup_s[Tier.COLD]
     covered = target_active * (replica_rps if known_top_rps is None else replica_max_rps)
@@ -146,7 +154,7 @@ def size_pool(
         idle_cost_usd=hot_idle,
         upper=min(hot_bounds[1], room),
         surge=_surge(trend, t_warm, surge_prior_s, replica_max_rps, economics.slo_miss_usd,
-                     max(0.0, t_cold - t_hot), target_active),
+                     max(0.0, t_cold - t_hot), target_active) if steps else NO_SURGE,
     )
     hot = min(max(hot_model, hot_bounds[0]), hot_bounds[1], room)
 
@@ -163,7 +171,7 @@ def size_pool(
         idle_cost_usd=warm_idle,
         upper=min(warm_bounds[1], warm_room),
         surge=_surge(trend, t_cold, surge_prior_s, replica_max_rps, economics.slo_miss_usd,
-                     max(0.0, t_cold - t_warm), target_active + hot),
+                     max(0.0, t_cold - t_warm), target_active + hot) if steps else NO_SURGE,
     )
     warm = min(max(warm_model, warm_bounds[0]), warm_bounds[1], warm_room)
 

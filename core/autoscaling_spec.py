@@ -69,7 +69,20 @@ class PriorSpec(_Strict):
     # How long its bursts lasted (seconds): the autoscaler's "not in time" rule judges a burst
     # by them. Empty: none ended in the past; the rule takes autoscaling.burst.length_s.
     lengths_s: tuple[Annotated[float, Field(gt=0)], ...] = ()
+    # What each bucket would have missed at each headroom over its base, on a grid of
+    # miss_step_rps req/s (the autoscaler's fluid backlog). Empty: priced from the rises alone.
+    misses: tuple[tuple[Annotated[float, Field(ge=0)], ...], ...] = ()
+    miss_step_rps: Annotated[float, Field(ge=0)] = 0.0
+    # Where its bursts rose from (req/s, the median of each bucket's base); None: not learnt.
+    base_rps: Annotated[float, Field(ge=0)] | None = None
     learned_from: str = ""  # the trace or history it came from, for the operator
+
+    @model_validator(mode="after")
+    def _curves_match_rises(self) -> PriorSpec:
+        if self.misses and (len(self.misses) != len(self.rises_rps) or not self.miss_step_rps > 0):
+            raise ValueError(f"misses: one curve per rise ({len(self.rises_rps)}) and miss_step_rps > 0, "
+                             f"got {len(self.misses)} curves at step {self.miss_step_rps}")
+        return self
 
 
 class PrometheusPriorSpec(_Strict):

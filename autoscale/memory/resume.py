@@ -31,5 +31,7 @@ def resumed_envelope(saved: dict[str, Any] | None, now: float, config: Autoscale
         return None
     if now >= env.bucket_started_at + bucket_of(config):  # buckets went by unobserved
         return BurstEnvelope(bucket_started_at=now + config.look_back_s, rises_rps=env.rises_rps,
-                             fell_at=env.fell_at, lengths_s=env.lengths_s)
+                             fell_at=env.fell_at, lengths_s=env.lengths_s, step_rps=env.step_rps,
+                             misses=env.curves[:-1], prior_buckets=env.prior_buckets,
+                             prior_base_rps=env.prior_base_rps)
     return env
