@@ -209,10 +209,15 @@ def peak_misses(peak_rps: float, capacity_rps: float, length_s: float, ttft_s: f
 def bucket_misses(env: BurstEnvelope, capacity_rps: float, *, length_s: float, ttft_s: float,
                   bucket_s: float) -> tuple[float, ...]:
     """What each kept bucket, the open one last, would miss were it to come again with
-    `capacity_rps` over the base now: its fluid backlog's count (memory/backlog.py), or for a bucket
-    only its rise is known of, the rectangle (the module docstring's "Misses")."""
+    `capacity_rps` over the base now: its fluid backlog's count (memory/backlog.py) once the memory
+    holds a prior, else the rectangle (the module docstring's "Misses").
+
+    Why only with a prior: the fluid count is a fair mean only over a memory that has seen the
+    traffic's tail. Half an hour of live buckets often has not: without a prior it held 2
+    replicas through lulls-1's mild first half and lost 11 points to v3 there (8 on lulls-2).
+    The rectangle's pessimism is the insurance until a prior brings the past's bursts."""
     base = env.base_rps
-    return tuple(peak_misses(base + rise, capacity_rps, length_s, ttft_s) if curve is None
+    return tuple(peak_misses(base + rise, capacity_rps, length_s, ttft_s) if curve is None or not env.prior_buckets
                  else backlog.missed_at(curve, capacity_rps - base, env.step_rps, bucket_s)
                  for rise, curve in zip((*env.rises_rps, env.open_rise_rps), env.curves))
 
@@ -280,7 +285,9 @@ def burst_floor(env: BurstEnvelope | None, config: AutoscaleConfig,
                           replica_usd_per_hour=config.hot_idle_usd_per_hour,
                           slo_miss_usd=config.slo_miss_usd, bucket_s=bucket_of(config),
                           length_s=config.burst_length_s, ttft_s=config.ttft_p95_target_s,
-                          max_replicas=config.max_replicas, held=held)
+                          # The start cost keeps a hold; on a memory without a prior it kept
+                          # an early one too long (azure-conv: 100.00% -> 99.32%).
+                          max_replicas=config.max_replicas, held=held if env.prior_buckets else None)
 
 
 @dataclass(frozen=True)

@@ -32,16 +32,23 @@ def _drive(rates: list[float], config: AutoscaleConfig = CONFIG, env: BurstEnvel
     return env
 
 
+def _with_prior(env: BurstEnvelope) -> BurstEnvelope:
+    """`env` as if its buckets had come with a prior: the curves price only a memory with one."""
+    return replace(env, prior_buckets=len(env.rises_rps))
+
+
 def test_a_brief_top_holds_fewer_replicas_than_a_long_one_of_the_same_height():
     # Both rise from 1 to 17 req/s, four times in half an hour; three replicas carry 15.
-    brief = _drive(([1.0] * 400 + [17.0] * 8 + [14.0] * 40) * 4)
-    long_ = _drive(([1.0] * 330 + [17.0] * 120) * 4)
+    brief = _with_prior(_drive(([1.0] * 400 + [17.0] * 8 + [14.0] * 40) * 4))
+    long_ = _with_prior(_drive(([1.0] * 330 + [17.0] * 120) * 4))
     assert max(brief.peaks_rps) == pytest.approx(max(long_.peaks_rps), abs=0.5)
     assert burst_floor(brief, CONFIG).replicas == 3
     assert burst_floor(long_, CONFIG).replicas == 4
-    # The top alone (the rectangle: 90 s at the peak) holds 4 for both.
+    # The top alone (the rectangle: 90 s at the peak) holds 4 for both; so does a memory with
+    # no prior, which the rectangle prices until one has seen the traffic's tail.
     top_only = replace(brief, step_rps=0.0, misses=(None,) * len(brief.rises_rps))
     assert burst_floor(top_only, CONFIG).replicas == 4
+    assert burst_floor(replace(brief, prior_buckets=0), CONFIG).replicas == 4
 
 
 def test_the_prior_s_buckets_are_never_forgotten_and_live_ones_are():
@@ -57,7 +64,7 @@ def test_the_prior_s_buckets_are_never_forgotten_and_live_ones_are():
 
 
 def test_a_hold_changes_only_when_the_change_pays_for_a_start():
-    env = _drive(([11.0] * 330 + [15.5] * 120) * 4)  # three carry the base, four the bursts
+    env = _with_prior(_drive(([11.0] * 330 + [15.5] * 120) * 4))  # three carry the base, four the bursts
     hold_usd = CONFIG.hot_idle_usd_per_hour * 180.0 / 3600.0  # a replica held one bucket
 
     def mean_misses(n: int) -> float:
@@ -73,6 +80,9 @@ def test_a_hold_changes_only_when_the_change_pays_for_a_start():
     assert burst_floor(env, config, held=3).replicas == 3
     # Far off, the change pays: the hold moves.
     assert burst_floor(env, config, held=8).replicas == 4
+    # Without a prior the memory is short, and the hold follows the best count at once.
+    assert burst_floor(replace(env, prior_buckets=0), config, held=3).replicas == \
+        burst_floor(replace(env, prior_buckets=0), config).replicas
 
 
 def test_the_curves_survive_json_a_restart_and_a_prior_file():

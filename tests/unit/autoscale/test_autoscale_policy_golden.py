@@ -6,10 +6,10 @@ starts kept until they serve, a 180 s backlog drain; issue 27: the burst envelop
 third of the runs, whose targets did not move; issue 38: the envelope's base over three buckets,
 when the rate last came down, how long bursts last, and the known top in the reasons, with every target and standby
 count unchanged on all 300 cases; then a burst ends only below a quarter of the largest rise, again with
-every target and standby count unchanged; then the envelope priced by each bucket's fluid backlog,
-its hold changed only when the change pays for a start, and no pool standby for steps the envelope
-holds replicas for: targets moved in 158 of the 12,000 decisions (17 of 300 cases), hot standbys
-in 87)."""
+every target and standby count unchanged; then the envelope priced by each bucket's fluid backlog
+and its hold changed only when the change pays for a start, both only with a prior, which these
+cases do not have, and no pool standby for steps the envelope holds replicas for: again every
+target and standby count unchanged)."""
 
 from __future__ import annotations
 
