@@ -112,6 +112,12 @@ class BurstEnvelope:
         return tuple(base + r for r in (*self.rises_rps, self.open_rise_rps))
 
     @property
+    def backlog_priced(self) -> bool:
+        """Whether the curves and the start cost price the hold: only once a prior is held
+        (bucket_misses says why); before that, the rectangle and no start cost."""
+        return self.prior_buckets > 0
+
+    @property
     def curves(self) -> tuple[tuple[float, ...] | None, ...]:
         """Each kept bucket's misses per headroom (None: unknown), the open bucket last."""
         closed_ones = self.misses if len(self.misses) == len(self.rises_rps) else (None,) * len(self.rises_rps)
@@ -217,7 +223,7 @@ def bucket_misses(env: BurstEnvelope, capacity_rps: float, *, length_s: float, t
     replicas through lulls-1's mild first half and lost 11 points to v3 there (8 on lulls-2).
     The rectangle's pessimism is the insurance until a prior brings the past's bursts."""
     base = env.base_rps
-    return tuple(peak_misses(base + rise, capacity_rps, length_s, ttft_s) if curve is None or not env.prior_buckets
+    return tuple(peak_misses(base + rise, capacity_rps, length_s, ttft_s) if curve is None or not env.backlog_priced
                  else backlog.missed_at(curve, capacity_rps - base, env.step_rps, bucket_s)
                  for rise, curve in zip((*env.rises_rps, env.open_rise_rps), env.curves))
 
@@ -287,7 +293,7 @@ def burst_floor(env: BurstEnvelope | None, config: AutoscaleConfig,
                           length_s=config.burst_length_s, ttft_s=config.ttft_p95_target_s,
                           # The start cost keeps a hold; on a memory without a prior it kept
                           # an early one too long (azure-conv: 100.00% -> 99.32%).
-                          max_replicas=config.max_replicas, held=held if env.prior_buckets else None)
+                          max_replicas=config.max_replicas, held=held if env.backlog_priced else None)
 
 
 @dataclass(frozen=True)
