@@ -72,9 +72,13 @@ def missed_at(curve: Sequence[float], headroom_rps: float, step_rps: float, buck
         return (curve[0] if curve else 0.0) - headroom_rps * bucket_s
     x = headroom_rps / step_rps
     j = math.floor(x)
-    if j + 1 >= len(curve):
-        return curve[j] if j < len(curve) else 0.0
-    return curve[j] + (x - j) * (curve[j + 1] - curve[j])
+    if j >= len(curve):
+        return 0.0
+    # Past the last point the curve is 0 (its trailing zeros were dropped), so the last step
+    # slopes to 0 like every other: read flat, a headroom a hair under the next grid point
+    # cost all the misses of the point below it (burst-1 held a fourth replica for that).
+    after = curve[j + 1] if j + 1 < len(curve) else 0.0
+    return curve[j] + (x - j) * (after - curve[j])
 
 
 def regrid(curve: Sequence[float], from_step_rps: float, to_step_rps: float) -> tuple[float, ...]:

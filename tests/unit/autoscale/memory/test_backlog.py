@@ -52,6 +52,16 @@ def test_between_grid_points_the_misses_are_interpolated_and_below_the_base_they
     assert backlog.missed_at(curve, -1.0, STEP, 180.0) > backlog.missed_at(curve, -0.5, STEP, 180.0) > 100.0
 
 
+def test_past_the_last_kept_point_the_misses_slope_to_zero_like_every_other_step():
+    # `closed` drops trailing zeros, so (100, 40) stands for (100, 40, 0, ...): a headroom just
+    # under the next grid point misses almost nothing, not all of the last point's 40.
+    curve = backlog.closed((100.0, 40.0, 0.0, 0.0))
+    assert curve == (100.0, 40.0)
+    assert backlog.missed_at(curve, 1.5, STEP, 180.0) == pytest.approx(20.0)
+    assert backlog.missed_at(curve, 1.95, STEP, 180.0) == pytest.approx(2.0)
+    assert backlog.missed_at(curve, 2.0, STEP, 180.0) == 0.0
+
+
 def test_a_gap_in_the_samples_is_not_integrated_past_ten_seconds():
     queues, _ = backlog.advance((), (), rate_rps=10.0, base_rps=0.0, dt_s=600.0, step_rps=STEP, ttft_s=TTFT)
     assert queues[0] == pytest.approx(10.0 * backlog.MAX_DT_S)
