@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from hbmserve.autoscale.envelope import (BurstEnvelope, EnvelopeFloor, KnownPeak, burst_floor, known_peak,
-                                        late_starts, observed_envelope)
+                                        observed_envelope)
+from hbmserve.autoscale.memory.in_time import late_starts
 from hbmserve.autoscale.signals import (Load, RateTrend, latency_need, load_of, p95, queue_need,
                                        update_trend)
 from hbmserve.autoscale.warm_pool import (PoolEconomics, PoolHold, PoolSizing, hold_tier, promotions, size_pool,

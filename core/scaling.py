@@ -69,5 +69,5 @@ class ScaleDecision:
     # 0 when it holds none or is off.
     burst_hold: int = 0
     # Replicas a symptom or the rate asked for and the policy did not order: they would arrive after the
-    # burst (autoscale/envelope.py `late_starts`, "not in time" in the reason).
+    # burst (autoscale/memory/in_time.py `late_starts`, "not in time" in the reason).
     not_in_time: int = 0

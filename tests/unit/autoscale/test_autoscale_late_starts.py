@@ -1,4 +1,4 @@
-"""Arrive in time (autoscale/envelope.py `late_starts`, issue 38 requirement 3): cold replicas
+"""Arrive in time (autoscale/memory/in_time.py `late_starts`, issue 38 requirement 3): cold replicas
 for a burst they would arrive after are not ordered; faster tiers, new levels and bursts that
 outlast a burst's length still are, and the reason says which and why."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hbmserve.autoscale.envelope import BurstEnvelope, late_starts
+from hbmserve.autoscale.envelope import BurstEnvelope
+from hbmserve.autoscale.memory.in_time import late_starts
 from hbmserve.autoscale.policy import PolicyState, decide
 from hbmserve.autoscale.policy_config import AutoscaleConfig
 from hbmserve.core.scaling import ReplicaSnapshot, ReplicaState, Snapshot
