@@ -300,14 +300,22 @@ class KnownPeak:
     """The highest peak the envelope has seen, while the rate is within it: a burst like one
     seen before, whose top is known, so the trend need not be projected past it."""
 
-    peak_rps: float  # the base now plus the largest closed rise
+    peak_rps: float  # the top the fleet must cover: the base now plus the largest closed rise
     replicas: int  # worth holding for that peak (the docstring's "Worth", for this one peak)
+    by_curves: bool = False  # the buckets' own backlogs say `replicas` miss none of the peaks
 
     def describe(self) -> str:
+        if self.by_curves:
+            return f"within the known peaks: the burst envelope's {self.replicas} miss none of them"
         return f"within the known peak {self.peak_rps:.2f} rps: {self.replicas} hold it"
 
 
-def known_peak(env: BurstEnvelope | None, rate_rps: float, config: AutoscaleConfig) -> KnownPeak | None:
+# Expected misses a bucket under which the curves count a hold as missing nothing.
+NO_MISSES = 1.0
+
+
+def known_peak(env: BurstEnvelope | None, rate_rps: float, config: AutoscaleConfig,
+               floor: EnvelopeFloor | None = None) -> KnownPeak | None:
     """The replicas worth holding for the highest peak seen (closed buckets and the prior), when
     the rate now is at or under it; None: no burst seen yet, or the rate is past every one seen.
 
@@ -316,7 +324,13 @@ def known_peak(env: BurstEnvelope | None, rate_rps: float, config: AutoscaleConf
     rps top), which then arrive as the burst ends. A burst's top, once seen, is the better
     forecast; a rise past it is a new level and the trend is followed again. A top is known only
     once the rate has been seen to come down (`fell_at`): on a steady ramp the rate always sits
-    at the top of what the last buckets saw, and only the trend sees where it goes."""
+    at the top of what the last buckets saw, and only the trend sees where it goes.
+
+    Where the curves price the hold (a prior is held) and the envelope's `floor` expects no miss
+    in any bucket, the largest burst included, those replicas carry the peak: its top is touched
+    for less than the TTFT target's backlog. The rectangle would still ask for one more, which
+    came up after every such top and went down a bucket later (lulls-5: 0.53 GPU-h over a fixed
+    fleet of 3 at its attainment)."""
     if env is None or not env.rises_rps or env.fell_at is None:
         return None
     peak = env.base_rps + max(env.rises_rps)
@@ -332,7 +346,11 @@ def known_peak(env: BurstEnvelope | None, rate_rps: float, config: AutoscaleConf
         return n * hold_usd + config.slo_miss_usd * peak_misses(
             peak, n * cap, config.burst_length_s, config.ttft_p95_target_s)
 
-    return KnownPeak(peak, min(range(config.max_replicas + 1), key=lambda n: (cost(n), n)))
+    replicas = min(range(config.max_replicas + 1), key=lambda n: (cost(n), n))
+    if (floor is not None and env.backlog_priced and floor.misses_per_bucket < NO_MISSES
+            and floor.replicas < replicas):
+        return KnownPeak(min(peak, floor.replicas * cap), floor.replicas, by_curves=True)
+    return KnownPeak(peak, replicas)
 
 
 def bucket_of(config: AutoscaleConfig) -> float:

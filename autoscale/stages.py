@@ -143,7 +143,8 @@ def needs_of(signals: Signals, config: AutoscaleConfig) -> Needs:
     forecast = 0 if signals.idle else rate_need(
         signals.trend, signals.current, capacity * config.target_utilization,
         signals.tier_for, startup, config.max_replicas)
-    known = known_peak(signals.envelope, signals.arrival_rps, config)
+    burst = burst_floor(signals.envelope, config, held=signals.held)
+    known = known_peak(signals.envelope, signals.arrival_rps, config, burst)
     return Needs(
         rate=forecast if known is None else min(forecast, known.replicas),
         forecast=forecast, known=known,
@@ -155,7 +156,7 @@ def needs_of(signals: Signals, config: AutoscaleConfig) -> Needs:
             signals.tpot_p95_s, config.tpot_p95_target_s, load.active, config.max_latency_growth,
             signals.muted),
         ingress=1 if load.pending > 0 else 0,
-        burst=burst_floor(signals.envelope, config, held=signals.held),
+        burst=burst,
     )
 
 

@@ -9,7 +9,7 @@ import json
 from dataclasses import replace
 
 from hbmserve.autoscale.memory.backlog import step_of
-from hbmserve.autoscale.envelope import BurstEnvelope, bucket_misses, burst_floor, observed_envelope
+from hbmserve.autoscale.envelope import BurstEnvelope, bucket_misses, burst_floor, known_peak, observed_envelope
 from hbmserve.autoscale.memory.prior import learn_prior, learnt_config
 from hbmserve.autoscale.memory.resume import resumed_envelope
 from hbmserve.autoscale.policy import PolicyState
@@ -50,6 +50,22 @@ def test_a_brief_top_holds_fewer_replicas_than_a_long_one_of_the_same_height():
     assert burst_floor(top_only, CONFIG).replicas == 4
     assert burst_floor(replace(brief, prior_buckets=0), CONFIG).replicas == 4
 
+
+def test_inside_a_known_peak_a_hold_the_curves_say_misses_nothing_caps_the_trend():
+    brief = _with_prior(_drive(([1.0] * 400 + [17.0] * 8 + [14.0] * 40) * 4))
+    floor = burst_floor(brief, CONFIG)
+    assert floor.replicas == 3 and floor.misses_per_bucket < 1.0
+    rectangle = known_peak(brief, 10.0, CONFIG)
+    assert rectangle is not None and rectangle.replicas == 4 and not rectangle.by_curves
+    known = known_peak(brief, 10.0, CONFIG, floor)
+    assert known is not None and known.by_curves and known.replicas == 3
+    assert known.peak_rps == 3 * CAP  # the pool covers what the three carry, no standby past it
+    assert "miss none of them" in known.describe()
+    # A floor that expects misses, or a memory with no prior (the rectangle's), caps nothing.
+    missing = replace(floor, misses_per_bucket=5.0)
+    assert known_peak(brief, 10.0, CONFIG, missing).replicas == 4
+    no_prior = replace(brief, prior_buckets=0)
+    assert known_peak(no_prior, 10.0, CONFIG, burst_floor(no_prior, CONFIG)).replicas == 4
 
 def test_the_prior_s_buckets_are_never_forgotten_and_live_ones_are():
     past = [t / 10.0 for t in range(0, 36_000)]  # 10 req/s for an hour: one level, no burst
