@@ -300,7 +300,9 @@ class KnownPeak:
     """The highest peak the envelope has seen, while the rate is within it: a burst like one
     seen before, whose top is known, so the trend need not be projected past it."""
 
-    peak_rps: float  # the top the fleet must cover: the base now plus the largest closed rise
+    # The top the fleet must cover: the base now plus the largest closed rise, or, `by_curves`,
+    # what the curves' hold carries.
+    peak_rps: float
     replicas: int  # worth holding for that peak (the docstring's "Worth", for this one peak)
     by_curves: bool = False  # the buckets' own backlogs say `replicas` miss none of the peaks
 
