@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from hbmserve.cluster.local_head import LOCAL_GCS_PORT, ClusterError, local_head_env, port_open
 from hbmserve.core.config import ClusterSpec
 from hbmserve.cluster.status_figures import LatencyVsSlo, latency_vs_slo, status_roles, usd_per_hour
-from hbmserve.core.records import (DecisionRecord, IngressInfo, ModelTraffic, PlacementReport, Record, RecordError,
-                                   ReplicaInfo, ReplicaRoles, WarmTierRecord)
+from hbmserve.core.records import (DecisionRecord, PlacementReport, Record, RecordError, ReplicaInfo, ReplicaRoles,
+                                   WarmTierRecord)
+from hbmserve.core.door_records import IngressInfo, ModelTraffic
 from hbmserve.core.rollout_records import DeployedRecord, RolloutRecord
 from hbmserve.core.scaling import ReplicaState
 from hbmserve.deployments.wire.names import FRONT_DOOR_APP, FRONT_DOOR_DEPLOYMENT, WARM_TIER_APP, engine_deployment_name

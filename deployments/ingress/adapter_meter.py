@@ -20,7 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 
 from hbmserve.core.config import ClusterSpec
-from hbmserve.core.records import AdapterHolding, AdapterTraffic
+from hbmserve.core.records import AdapterHolding
+from hbmserve.core.door_records import AdapterTraffic
 from hbmserve.deployments.ingress.dashboard_feed import ReplyWatch, ReplyWindow
 from hbmserve.deployments.ingress.usage_tap import UsageTap
 

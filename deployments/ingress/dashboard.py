@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hbmserve.core.records import AdapterTraffic, DecisionRecord, KvRouting, PlacementReport, Record, ReplicaRoles
+from hbmserve.core.records import DecisionRecord, PlacementReport, Record, ReplicaRoles
+from hbmserve.core.door_records import AdapterTraffic, KvRouting
 from hbmserve.core.rollout_records import RolloutRecord
 from hbmserve.placement.topology import ClusterTopology
 

@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 from hbmserve.autoscale.signals import p95
 from hbmserve.core.config import ClusterSpec
-from hbmserve.core.records import AdapterTraffic, DecisionRecord
+from hbmserve.core.records import DecisionRecord
+from hbmserve.core.door_records import AdapterTraffic
 from hbmserve.core.rollout_records import RolloutRecord
 from hbmserve.deployments.ingress.dashboard import (HISTORY, ClientLatency, DashboardSample, DashboardSnapshot,
                                                  ModelInputs, ModelKvIndex, ReplicaView, build_sample, build_snapshot)

@@ -23,7 +23,8 @@ import time
 
 from hbmserve.autoscale.rollout import deploy_changes
 from hbmserve.core.config import ClusterSpec
-from hbmserve.core.records import DoorEndpoint, IngressInfo, ModelTraffic
+from hbmserve.core.records import DoorEndpoint
+from hbmserve.core.door_records import IngressInfo, ModelTraffic
 from hbmserve.deployments.ingress.door_metrics import GpuCollector, door_families, local_replicas, node_metrics
 from hbmserve.capacity.perf.scenario import replica_usd_per_hour
 from hbmserve.deployments.ingress.dashboard import SAMPLE_S

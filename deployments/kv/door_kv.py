@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hbmserve.core.kv_events import ReplicaKv
-from hbmserve.core.records import HASHING_TEXT, HASHING_VLLM, KvEventsInfo, KvRouting, ReplicaEndpoint
+from hbmserve.core.records import HASHING_TEXT, HASHING_VLLM, KvEventsInfo, ReplicaEndpoint
+from hbmserve.core.door_records import KvRouting
 from hbmserve.deployments.kv.kv_stream import TOKENIZER_PATH
 from hbmserve.deployments.kv.kv_subscriber import KvSubscriber
 from hbmserve.deployments.kv.prompt_tokens import PromptTokenizer, TokenizerUnavailable

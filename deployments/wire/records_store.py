@@ -42,8 +42,9 @@ import json
 import time
 from typing import Any
 
-from hbmserve.core.records import (DecisionRecord, DoorEndpoint, IngressDemand, IngressInfo, RecordError, ReplicaEndpoint,
+from hbmserve.core.records import (DecisionRecord, DoorEndpoint, IngressDemand, RecordError, ReplicaEndpoint,
                                    ReplicaInfo, ReplicaRoles, SlotStats, WarmTierRecord)
+from hbmserve.core.door_records import IngressInfo
 from hbmserve.core.rollout_records import DeployedRecord, RolloutRecord
 from hbmserve.core.scaling import Tier
 

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from hbmserve.cli.serve import register
 from hbmserve.cluster import ray_cluster as rc
 from hbmserve.cluster.status_figures import LatencyVsSlo
-from hbmserve.core.records import (AdapterTraffic, CrossedGroup, DecisionRecord, KvRouting, ModelTraffic, ObservedRank,
-                                   PlacementReport, RecordError, ReplicaRoles)
+from hbmserve.core.records import CrossedGroup, DecisionRecord, ObservedRank, PlacementReport, RecordError, ReplicaRoles
+from hbmserve.core.door_records import AdapterTraffic, KvRouting, ModelTraffic
 from hbmserve.core.scaling import ReplicaState, Tier
 
 URL = "http://127.0.0.1:18000"

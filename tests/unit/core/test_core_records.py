@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from hbmserve.core.records import (CrossedGroup, DecisionRecord, IngressDemand, IngressInfo, ModelTraffic, ObservedRank,
-                                   PlacementReport, RecordError, ReplicaEndpoint, ReplicaInfo)
+from hbmserve.core.records import (CrossedGroup, DecisionRecord, IngressDemand, ObservedRank, PlacementReport,
+                                   RecordError, ReplicaEndpoint, ReplicaInfo)
+from hbmserve.core.door_records import IngressInfo, ModelTraffic
 from hbmserve.core.scaling import ReplicaState, Tier
 
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hbmserve.core.records import (CrossedGroup, DecisionRecord, KvRouting, ObservedRank, PlacementReport,
-                                   ReplicaRoles)
+from hbmserve.core.records import CrossedGroup, DecisionRecord, ObservedRank, PlacementReport, ReplicaRoles
+from hbmserve.core.door_records import KvRouting
 from hbmserve.core.scaling import Tier
 from hbmserve.deployments.ingress.dashboard import (DECISIONS_SHOWN, ClientLatency, DashboardSample, DashboardSnapshot,
                                             ModelInputs, ModelKvIndex, ReplicaView,

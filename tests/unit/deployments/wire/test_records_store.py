@@ -17,8 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from hbmserve.core.records import (DecisionRecord, IngressInfo, LoadReport, ObservedRank, PlacementReport, RecordError,
+from hbmserve.core.records import (DecisionRecord, LoadReport, ObservedRank, PlacementReport, RecordError,
                                    ReplicaEndpoint, ReplicaInfo, ReplicaRoles)
+from hbmserve.core.door_records import IngressInfo
 from hbmserve.core.scaling import ReplicaState, Tier
 from hbmserve.deployments.wire import records_store as store
 internal_kv = pytest.importorskip("ray.experimental.internal_kv", reason="ray not installed")
