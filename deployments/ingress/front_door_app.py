@@ -33,7 +33,7 @@ from hbmserve.deployments.ingress.adapter_meter import AdapterMeter
 from hbmserve.deployments.ingress.front_door_access import AccessGuard, Credential, Refusal
 from hbmserve.deployments.ingress.dashboard_feed import DashboardFeed
 from hbmserve.deployments.ingress.door_metrics import Refusals
-from hbmserve.deployments.ingress.front_door_openapi import openapi_document
+from hbmserve.deployments.ingress.front_door_openapi import model_card, model_list, openapi_document
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission, ask_for
 from hbmserve.deployments.ingress.migration import StreamLedger, resumable, with_token_ids
 from hbmserve.deployments.ingress.relay import FirstByteTimeout, NotStarted, Refused, end_broken, relay, upstream_headers
@@ -167,23 +167,13 @@ class FrontDoorApp:
         await self._error(send, r.status, r.message, r.err_type, r.code, r.retry_after_s, model, tenant)
 
     async def _models(self, path: str, send) -> None:
-        def card(m, adapter=None):  # an adapter names its base model as `parent`, as vLLM lists it
-            name = m.name if adapter is None else adapter.name
-            return {"id": name, "object": "model", "created": 0, "owned_by": "hbmserve", "root": name,
-                    "parent": None if adapter is None else m.name, "max_model_len": m.engine_settings.max_model_len}
-
-        if path == "/v1/models":
-            cards = [c for m in self.spec.models for c in (card(m), *(card(m, a) for a in m.adapters))]
-            for msg in json_response(200, {"object": "list", "data": cards}):
-                await send(msg)
-            return
         name = path.removeprefix("/v1/models/")
-        served = self.spec.served(name)
-        if served is None:
+        body = model_list(self.spec) if path == "/v1/models" else model_card(self.spec, name)
+        if body is None:
             await self._error(send, 404, f"The model `{name}` does not exist.", "invalid_request_error",
                               "model_not_found")
             return
-        for msg in json_response(200, card(*served)):
+        for msg in json_response(200, body):
             await send(msg)
 
     async def _model_request(self, scope, receive, send, credential: Credential) -> None:

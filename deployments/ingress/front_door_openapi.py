@@ -1,4 +1,5 @@
-"""The OpenAPI document of the front door's surface, served at `/openapi.json` (admin token).
+"""What the front door says of its own surface: the OpenAPI document, served at `/openapi.json`
+(admin token), and the model cards of `/v1/models`.
 
 It describes what the front door itself checks (auth, the JSON body, `model`, and the fields it
 charges and admits by, in every form vLLM reads them) and what every engine accepts; anything else in a body is passed on to the
@@ -82,3 +83,21 @@ def openapi_document(spec: ClusterSpec) -> dict:
             "/invocations": post({"oneOf": [chat, completion]}, "a chat or text completion (SageMaker's path)"),
         },
     }
+
+
+def _card(model, adapter=None) -> dict:
+    """A model's card; an adapter names its base model as `parent`, as vLLM lists it."""
+    name = model.name if adapter is None else adapter.name
+    return {"id": name, "object": "model", "created": 0, "owned_by": "hbmserve", "root": name,
+            "parent": None if adapter is None else model.name, "max_model_len": model.engine_settings.max_model_len}
+
+
+def model_list(spec: ClusterSpec) -> dict:
+    """`GET /v1/models`: every model, each followed by its adapters."""
+    return {"object": "list", "data": [c for m in spec.models for c in (_card(m), *(_card(m, a) for a in m.adapters))]}
+
+
+def model_card(spec: ClusterSpec, name: str) -> dict | None:
+    """`GET /v1/models/{name}`: a model's or an adapter's card; None: no such name is served."""
+    served = spec.served(name)
+    return None if served is None else _card(*served)
