@@ -390,19 +390,9 @@ def _print_plans(result: Any, top: int, model_name: str) -> None:
     if not result.feasible and result.plans and result.plans[0].status != "candidate":
         c.print(f"[red]blocked:[/] {result.plans[0].reason}")
     if result.plans:
-        from hbmserve.capacity.planning.planner import AUTOSCALING_KEYS
+        from hbmserve.cli.plan_emit import config_sections
 
-        first = result.plans[0]
-        section = first.autoscaling().model_dump(include=AUTOSCALING_KEYS)
-        c.print("the first plan as the model's config sections:\n"
-                f"  parallelism: {{tp: {first.tp}, pp: {first.pp}}}\n"
-                "  engine_settings: {" + ", ".join(f"{k}: {_yaml(v)}" for k, v in first.engine_settings().items())
-                + "}\n  autoscaling: {" + ", ".join(f"{k}: {v:g}" for k, v in section.items()) + "}",
-                highlight=False)
-
-
-def _yaml(v: Any) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
+        c.print("the first plan as the model's config sections:\n" + config_sections(result.plans[0]), highlight=False)
 
 
 def register(app: typer.Typer) -> None:

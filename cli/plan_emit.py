@@ -170,3 +170,17 @@ def plan_command(model: str, trace: Optional[Path], rate: Optional[float], slo: 
     words = ["hbmserve", "plan", "--model", model, *load, "--slo-ttft-p95", f"{slo.ttft_s:g}", "--slo-tpot-p95",
              f"{slo.tpot_s:g}", *(["--gpus", gpus] if gpus else []), "--emit-config", str(path)]
     return shlex.join(words)
+
+
+def config_sections(plan: PlanCandidate) -> str:
+    """The plan's `parallelism`, `engine_settings` and `autoscaling` sections, one line each, as
+    `plan` prints them under its table (the whole file is `--emit-config`'s)."""
+    from hbmserve.capacity.planning.planner import AUTOSCALING_KEYS
+
+    def yaml(v: Any) -> str:
+        return str(v).lower() if isinstance(v, bool) else str(v)
+
+    section = plan.autoscaling().model_dump(include=AUTOSCALING_KEYS)
+    return (f"  parallelism: {{tp: {plan.tp}, pp: {plan.pp}}}\n"
+            "  engine_settings: {" + ", ".join(f"{k}: {yaml(v)}" for k, v in plan.engine_settings().items())
+            + "}\n  autoscaling: {" + ", ".join(f"{k}: {v:g}" for k, v in section.items()) + "}")
