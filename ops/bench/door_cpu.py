@@ -11,7 +11,9 @@ same FrontDoorApp, relay and HardenedServer the Serve deployment runs), and a cl
   `option http-no-delay`, a compiled relay that decides nothing: what carrying the bytes costs
   when no Python touches a chunk;
 * `inproc` (asked for with `--sides`): a replica and a door in one process, the door calling the
-  replica's ASGI app with no socket between them (ops/bench/inproc_door.py): what the hop costs.
+  replica's ASGI app with no socket between them (ops/bench/inproc_door.py): what the hop costs;
+* `pyrelay` (asked for with `--sides`): a Python HTTP relay that decides and reads nothing
+  (ops/bench/pyrelay.py), on the door's loop: the floor under any door written in Python.
 Per side and round: tokens/s, and CPU-ms per 1,000 streamed tokens of the door, the replica
 process, HAProxy and the in-process pair, read from /proc (utime + stime) over the run. The door's figure is what a token costs
 the data path; the replica's is the upper bound of what the door could save by being absent.
@@ -111,6 +113,14 @@ async def _serve_inproc(token: str) -> None:
         await asyncio.Event().wait()
 
 
+async def _serve_pyrelay(url: str) -> None:
+    from hbmserve.ops.bench.pyrelay import PyRelay
+
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    print(await PyRelay(host, int(port)).serve(), flush=True)
+    await asyncio.Event().wait()
+
+
 async def _stream_all(url: str, token: str, concurrency: int, requests: int, tokens: int) -> int:
     import aiohttp
 
@@ -174,14 +184,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--sides", nargs="+", choices=("direct", "door", "haproxy", "inproc"), default=["direct", "door"])
+    ap.add_argument("--sides", nargs="+", choices=("direct", "door", "haproxy", "inproc", "pyrelay"), default=["direct", "door"])
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)  # a child: replica TOKEN | door TOKEN@URL | inproc TOKEN
+    ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)  # a child: replica TOKEN | door TOKEN@URL | inproc TOKEN | pyrelay URL
     args = ap.parse_args(argv)
     if args.serve:
         role, arg = args.serve
-        serve = {"replica": _serve_replica, "door": _serve_door, "inproc": _serve_inproc}[role](arg)
-        if os.environ.get("HBMSERVE_BENCH_LOOP") == "uvloop" and role in ("door", "inproc"):
+        serve = {"replica": _serve_replica, "door": _serve_door, "inproc": _serve_inproc,
+                 "pyrelay": _serve_pyrelay}[role](arg)
+        if os.environ.get("HBMSERVE_BENCH_LOOP") == "uvloop" and role in ("door", "inproc", "pyrelay"):
             import uvloop
 
             uvloop.run(serve)
@@ -197,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
             servers["haproxy"] = _haproxy(replica.url)
         if "inproc" in args.sides:
             servers["inproc"] = _child("inproc", token)
+        if "pyrelay" in args.sides:
+            servers["pyrelay"] = _child("pyrelay", replica.url)
         for side in args.sides:  # each way warmed up alike
             asyncio.run(_stream_all(servers["replica" if side == "direct" else side].url, token, args.concurrency,
                                     args.concurrency, 16))
