@@ -13,7 +13,9 @@ same FrontDoorApp, relay and HardenedServer the Serve deployment runs), and a cl
 * `inproc` (asked for with `--sides`): a replica and a door in one process, the door calling the
   replica's ASGI app with no socket between them (ops/bench/inproc_door.py): what the hop costs;
 * `pyrelay` (asked for with `--sides`): a Python HTTP relay that decides and reads nothing
-  (ops/bench/pyrelay.py), on the door's loop: the floor under any door written in Python.
+  (ops/bench/pyrelay.py), on the door's loop: the floor under any door written in Python;
+* `asgirelay` (asked for with `--sides`): the door's listener and relay deciding nothing
+  (pyrelay.asgi_relay): what the door's layers cost without its features.
 Per side and round: tokens/s, and CPU-ms per 1,000 streamed tokens of the door, the replica
 process, HAProxy and the in-process pair, read from /proc (utime + stime) over the run. The door's figure is what a token costs
 the data path; the replica's is the upper bound of what the door could save by being absent.
@@ -121,6 +123,17 @@ async def _serve_pyrelay(url: str) -> None:
     await asyncio.Event().wait()
 
 
+async def _serve_asgirelay(arg: str) -> None:
+    from hbmserve.deployments.wire.hardened_http import HardenedServer, HttpLimits, listen_socket
+    from hbmserve.ops.bench.pyrelay import asgi_relay
+
+    token, url = arg.split("@", 1)
+    sock = listen_socket("127.0.0.1", 0, shared=False)
+    await HardenedServer(asgi_relay(url, token), HttpLimits()).start([sock])
+    print("http://{}:{}".format(*sock.getsockname()[:2]), flush=True)
+    await asyncio.Event().wait()
+
+
 async def _stream_all(url: str, token: str, concurrency: int, requests: int, tokens: int) -> int:
     import aiohttp
 
@@ -184,15 +197,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--sides", nargs="+", choices=("direct", "door", "haproxy", "inproc", "pyrelay"), default=["direct", "door"])
+    ap.add_argument("--sides", nargs="+", choices=("direct", "door", "haproxy", "inproc", "pyrelay", "asgirelay"), default=["direct", "door"])
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)  # a child: replica TOKEN | door TOKEN@URL | inproc TOKEN | pyrelay URL
+    ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)  # a child: replica TOKEN | door TOKEN@URL | inproc TOKEN | pyrelay URL | asgirelay TOKEN@URL
     args = ap.parse_args(argv)
     if args.serve:
         role, arg = args.serve
         serve = {"replica": _serve_replica, "door": _serve_door, "inproc": _serve_inproc,
-                 "pyrelay": _serve_pyrelay}[role](arg)
-        if os.environ.get("HBMSERVE_BENCH_LOOP") == "uvloop" and role in ("door", "inproc", "pyrelay"):
+                 "pyrelay": _serve_pyrelay, "asgirelay": _serve_asgirelay}[role](arg)
+        if os.environ.get("HBMSERVE_BENCH_LOOP") == "uvloop" and role != "replica":
             import uvloop
 
             uvloop.run(serve)
@@ -210,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
             servers["inproc"] = _child("inproc", token)
         if "pyrelay" in args.sides:
             servers["pyrelay"] = _child("pyrelay", replica.url)
+        if "asgirelay" in args.sides:
+            servers["asgirelay"] = _child("asgirelay", f"{token}@{replica.url}")
         for side in args.sides:  # each way warmed up alike
             asyncio.run(_stream_all(servers["replica" if side == "direct" else side].url, token, args.concurrency,
                                     args.concurrency, 16))

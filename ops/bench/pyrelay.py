@@ -9,6 +9,11 @@ no timing, no flow control: what is left is the loop, the sockets and the framin
 the door's cost that no rewrite of its features can remove. `door_cpu --sides door pyrelay`
 runs it beside the door, on the same loop, in front of the same simulated replica.
 
+`asgi_relay` is the step between the two: the door's own listener (HardenedServer: uvicorn's
+HTTP parser and ASGI cycle, the caps) and its own relay (relay.py over wire/upstream.py, with
+the push), deciding nothing: no JSON, admission, routing, ledger or usage tap. Door minus it is
+what the features cost; it minus the bare relay is what the listener and the relay's layers cost.
+
 A benchmark's instrument, not a product part: it trusts its client and its replica.
 """
 
@@ -140,3 +145,24 @@ class PyRelay:
     async def serve(self, listen_host: str = "127.0.0.1") -> str:
         self.server = await asyncio.get_running_loop().create_server(lambda: Client(self), listen_host, 0)
         return f"http://{listen_host}:{self.server.sockets[0].getsockname()[1]}"
+
+
+def asgi_relay(url: str, token: str):
+    """An ASGI app that sends each request, as read, to the replica at `url` (whose internal
+    token is `token`) through the door's relay and pool, and streams the reply back with the
+    listener's push."""
+    from hbmserve.deployments.ingress.relay import relay, upstream_headers
+    from hbmserve.deployments.ingress.request_body import BodyLimits, read_body
+    from hbmserve.deployments.wire.chunk_push import pushing
+    from hbmserve.deployments.wire.upstream import UpstreamPool
+
+    pool, limits = UpstreamPool(), BodyLimits()
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        body = await read_body(scope, receive, limits)
+        headers = upstream_headers(scope["headers"], token)
+        await relay(pool, url + scope["path"], scope["method"], headers, body, pushing(send, scope),
+                    limits.first_byte_timeout_s, asyncio.get_running_loop().time())
+    return app

@@ -57,20 +57,22 @@ def test_the_meter_charges_a_busy_process_to_its_group():
 def test_the_door_cpu_loop_streams_every_token_on_every_side(tmp_path):
     """ops/bench/door_cpu.py end to end on a small load: five real processes on loopback (the
     replica, the door, Ray's HAProxy, a door with its replica in one process, the bare Python relay,
-    the client). Enough tokens that the door's relay costs
+    the door's listener and relay deciding nothing, the client). Enough tokens that the door's relay costs
     several of the kernel's 10 ms CPU ticks (a tick of idle polling on the direct side must not
     tie it)."""
     import json
 
     out = tmp_path / "door_cpu.json"
     subprocess.run([sys.executable, "-m", "hbmserve.ops.bench.door_cpu", "--rounds", "1", "--concurrency", "4",
-                    "--tokens", "32", "--requests", "24", "--sides", "direct", "door", "haproxy", "inproc", "pyrelay", "--out", str(out)],
+                    "--tokens", "32", "--requests", "24", "--sides", "direct", "door", "haproxy", "inproc", "pyrelay", "asgirelay",
+                    "--out", str(out)],
                    check=True, timeout=120, capture_output=True)
     rows = json.loads(out.read_text())["rounds"]
-    assert [r["side"] for r in rows] == ["direct", "door", "haproxy", "inproc", "pyrelay"]
+    assert [r["side"] for r in rows] == ["direct", "door", "haproxy", "inproc", "pyrelay", "asgirelay"]
     assert all(r["tokens"] == 24 * 32 for r in rows)
-    direct, door, proxied, inproc, relayed = rows
+    direct, door, proxied, inproc, relayed, layers = rows
     assert relayed["pyrelay_cpu_ms_per_1k"] > 0 and door["pyrelay_cpu_ms_per_1k"] < relayed["pyrelay_cpu_ms_per_1k"]
+    assert layers["asgirelay_cpu_ms_per_1k"] > 0 and door["asgirelay_cpu_ms_per_1k"] < layers["asgirelay_cpu_ms_per_1k"]
     assert inproc["inproc_cpu_ms_per_1k"] > 0 and inproc["door_cpu_ms_per_1k"] < door["door_cpu_ms_per_1k"]
     assert door["door_cpu_ms_per_1k"] > 0 and direct["door_cpu_ms_per_1k"] < door["door_cpu_ms_per_1k"]
     assert door["haproxy_cpu_ms_per_1k"] < proxied["haproxy_cpu_ms_per_1k"]  # each side's relay measured
