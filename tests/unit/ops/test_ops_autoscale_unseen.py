@@ -9,9 +9,9 @@ from hbmserve.ops.bench import autoscale_unseen
 
 def test_a_clipped_unseen_seed_is_judged_with_and_without_a_prior(tmp_path, capsys):
     out = tmp_path / "unseen.json"
-    autoscale_unseen.main(["--trace", "burst", "--seeds", "5", "--clip", "600", "--out", str(out)])
+    autoscale_unseen.main(["--trace", "burst", "--seeds", "5", "--clip", "600", "--own", "--out", str(out)])
     case = json.loads(out.read_text())["cases"][0]
-    assert case["trace"] == "burst-5" and set(case["runs"]) == {"prior", "no prior"}
+    assert case["trace"] == "burst-5" and set(case["runs"]) == {"prior", "no prior", "own prior"}
     fleets = case["fleets"]
     assert "fixed-1" in fleets and all(0 <= f["slo_attainment"] <= 1 and f["gpu_hours"] > 0 for f in fleets.values())
     for run in case["runs"].values():
