@@ -83,9 +83,10 @@ async def relay(pool: UpstreamPool, url: str, method: str, headers: dict[str, st
     set of replies in flight, which the replica table closes when it finds the replica gone."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + first_byte_timeout_s  # for the status line and the first body byte
-    try:
-        resp = await asyncio.wait_for(pool.request(method, url, headers, body), timeout=first_byte_timeout_s)
-    except asyncio.TimeoutError:
+    try:  # timeout_at, not wait_for: no task of its own for each wait
+        async with asyncio.timeout_at(deadline):
+            resp = await pool.request(method, url, headers, body)
+    except TimeoutError:
         raise FirstByteTimeout() from None
     except OSError as err:
         raise NotStarted(f"{type(err).__name__}: {err}") from None
@@ -93,8 +94,9 @@ async def relay(pool: UpstreamPool, url: str, method: str, headers: dict[str, st
         streams.add(resp)
     try:
         try:
-            first = await asyncio.wait_for(resp.read(), timeout=max(0.0, deadline - loop.time()))
-        except asyncio.TimeoutError:
+            async with asyncio.timeout_at(deadline):
+                first = await resp.read()
+        except TimeoutError:
             raise FirstByteTimeout() from None
         except OSError as err:
             raise NotStarted(f"{type(err).__name__}: {err}") from None

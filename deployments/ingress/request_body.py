@@ -244,18 +244,20 @@ async def read_body(scope, receive, limits: BodyLimits) -> bytes:
     parts, size = [], 0
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limits.read_timeout_s
-    while True:
-        try:
-            message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - loop.time()))
-        except asyncio.TimeoutError:
-            raise BodyError(408, f"request body not received within {limits.read_timeout_s:g}s",
-                            "request_timeout") from None
-        if message["type"] == "http.disconnect":
-            raise BodyError(499, "client closed the connection", "client_closed")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limits.max_bytes:
-            raise BodyError(413, f"request body exceeds the limit of {limits.max_bytes} bytes", "request_too_large")
-        parts.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(parts)
+    try:  # one deadline for the whole body, with no task of its own (wait_for made one a read)
+        async with asyncio.timeout_at(deadline):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise BodyError(499, "client closed the connection", "client_closed")
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limits.max_bytes:
+                    raise BodyError(413, f"request body exceeds the limit of {limits.max_bytes} bytes",
+                                    "request_too_large")
+                parts.append(chunk)
+                if not message.get("more_body"):
+                    return b"".join(parts)
+    except TimeoutError:
+        raise BodyError(408, f"request body not received within {limits.read_timeout_s:g}s",
+                        "request_timeout") from None
