@@ -203,7 +203,13 @@ def test_promote_demote_promote_with_vllm_cpu(served, wait_for):
 
     second, again = _burst_until_both_active(url, wait_for)
     assert second == [MAX_TOKENS] * len(second) and _roles(again) == ["active", "active"], again
-    served = {r["replica"]: r["accepted"] for r in again["replica_stats"]}
-    assert all(n > 0 for n in served.values()), served  # both replicas served after promotion
-    sent = len(first) + len(second)
+    # Both serve once promoted. The wave that promoted the standby may have been routed before the
+    # door heard of it, so one more wave goes out with both active.
+    with ThreadPoolExecutor(BURST) as pool:
+        third = [f.result(timeout=300) for f in [pool.submit(_one, url, i) for i in range(BURST)]]
+    assert third == [MAX_TOKENS] * BURST
+    both = wait_for(lambda m: all(r["accepted"] > 0 for r in m["replica_stats"]), timeout_s=30)
+    served = {r["replica"]: r["accepted"] for r in both["replica_stats"]}
+    assert len(served) == 2 and all(n > 0 for n in served.values()), served  # both replicas served
+    sent = len(first) + len(second) + len(third)
     print(f"vLLM standby: sent {sent}, accepted {sent}, refused 0, lost 0; promoted, demoted, promoted again")
