@@ -35,7 +35,8 @@ from hbmserve.deployments.ingress.door_metrics import Refusals
 from hbmserve.deployments.ingress.front_door_openapi import model_card, model_list, openapi_document
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission, ask_for
 from hbmserve.deployments.ingress.migration import StreamLedger, resumable, with_token_ids
-from hbmserve.deployments.ingress.relay import FirstByteTimeout, NotStarted, Refused, end_broken, relay, upstream_headers
+from hbmserve.deployments.ingress.relay import (FirstByteTimeout, NotStarted, Refused, _while_connected, end_broken,
+                                                relay, upstream_headers)
 from hbmserve.deployments.ingress.request_body import (EMBEDDINGS, BodyError, BodyLimits, BodyShapeError, Generation,
                                                       read_body, read_generation)
 from hbmserve.deployments.ingress.two_phase import DECODE, TWO_PHASE_PATHS, Phase, TwoPhase
@@ -69,42 +70,6 @@ async def _send_error(send, status: int, message: str, err_type: str, code: str,
 def adapter_named(body: dict[str, Any], model: str) -> str | None:
     """The adapter a request for `model` names: its `model` field when that is not the base's."""
     return None if body["model"] == model else body["model"]
-
-
-async def _while_connected(receive, work):
-    """`work`'s result (a queue's ticket, a relay), unless the client goes away first: then it is
-    cancelled (None), which gives back a queued place at once, and closes a relay's upstream
-    connection so that the engine aborts the request instead of generating for nobody.
-    `work` runs in the request's own task, which the watch cancels: one task a request fewer,
-    and no `asyncio.wait` (issue 22)."""
-    me = asyncio.current_task()
-    left = over = False
-
-    def cancel() -> None:
-        nonlocal left
-        if not over:
-            left = True
-            me.cancel()
-
-    async def disconnected() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        # A turn of the loop's grace: work that finishes as the client leaves keeps its result
-        # (uvicorn reports a finished reply as a disconnect too).
-        asyncio.get_running_loop().call_soon(cancel)
-
-    watch = asyncio.ensure_future(disconnected())
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if not left:  # cancelled from outside (a shutdown): not ours to swallow
-            raise
-        return None
-    finally:
-        over = True
-        watch.cancel()
-        if left:
-            me.uncancel()
 
 
 class FrontDoorApp:

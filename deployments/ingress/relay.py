@@ -163,3 +163,39 @@ def _pushing(push, pass_on, tap: UsageTap, ledger: StreamLedger | None):
 async def end_broken(send, tap: UsageTap, is_sse: bool, message: str) -> None:
     """End a response whose reply broke: what the tap still holds, then an SSE error event."""
     await send({"type": "http.response.body", "body": tap.finish() + (sse_error_event(message) if is_sse else b"")})
+
+
+async def _while_connected(receive, work):
+    """`work`'s result (a queue's ticket, a relay), unless the client goes away first: then it is
+    cancelled (None), which gives back a queued place at once, and closes a relay's upstream
+    connection so that the engine aborts the request instead of generating for nobody.
+    `work` runs in the request's own task, which the watch cancels: one task a request fewer,
+    and no `asyncio.wait` (issue 22)."""
+    me = asyncio.current_task()
+    left = over = False
+
+    def cancel() -> None:
+        nonlocal left
+        if not over:
+            left = True
+            me.cancel()
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        # A turn of the loop's grace: work that finishes as the client leaves keeps its result
+        # (uvicorn reports a finished reply as a disconnect too).
+        asyncio.get_running_loop().call_soon(cancel)
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not left:  # cancelled from outside (a shutdown): not ours to swallow
+            raise
+        return None
+    finally:
+        over = True
+        watch.cancel()
+        if left:
+            me.uncancel()
