@@ -46,7 +46,7 @@ _PLAIN_KEYS = frozenset({"model", "stream", "stream_options", "n", "max_tokens",
 _EVENT_END = b"\n\n"
 _IDS = re.compile(rb'"token_ids":\[([0-9,]*)\]')  # exact: in `"prompt_token_ids"` no quote precedes `token_ids`
 _PROMPT_IDS = re.compile(rb'"prompt_token_ids":\[([0-9,]*)\]')
-_FINISHED = re.compile(rb'"finish_reason":"')  # a finish reason that is not null
+_FINISHED = b'"finish_reason":"'  # a finish reason that is not null
 _ID_FIELDS = re.compile(rb',"(?:prompt_token_ids|token_ids)":(?:null|\[[0-9,]*\])|,"prompt_text":null')
 _ERROR_EVENT = b'data: {"error"'
 _USAGE = b'"usage":{'
@@ -137,7 +137,7 @@ class StreamLedger:
         if self._prompt_ids is None and (m := _PROMPT_IDS.search(data)):
             self._prompt_ids = m.group(1)
         self._sent_unparsed += _IDS.findall(data)
-        self.finished = self.finished or _FINISHED.search(data) is not None
+        self.finished = self.finished or _FINISHED in data
         self.usage_sent = self.usage_sent or _USAGE in data
         return data if self.keep_ids else _ID_FIELDS.sub(b"", data)
 

@@ -28,7 +28,10 @@ from hbmserve.deployments.wire.upstream import UpstreamPool
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"host", b"upgrade", b"te",
                          b"trailer", b"proxy-authorization", b"proxy-connection", b"content-length",
                          b"authorization", INTERNAL_TOKEN_HEADER})
-_RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"trailer"})
+# The door's listener writes its own date (a second one would break a singleton field) and
+# names no server.
+_RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"trailer", b"date",
+                            b"server"})
 
 
 class NotStarted(Exception):

@@ -244,9 +244,13 @@ class HardenedServer:
         # handler of the process, Serve's replica logger included; Serve's recovering controller
         # then fails the replica's is_allocated() on the closed handler and stops every replica
         # (a controller restart under load lost requests and the whole fleet).
+        # proxy_headers=False: nothing here reads the client's address from the scope (the caps
+        # take it from the socket), so uvicorn's X-Forwarded-For layer was a cost on every request;
+        # server_header=False: no software name handed to whoever asks.
         config = uvicorn.Config(self.cap, http=protocol_for(limits, on_refused), log_level="warning",
                                 log_config=None, access_log=False, timeout_keep_alive=limits.keep_alive_s,
-                                timeout_graceful_shutdown=graceful_shutdown_s, lifespan=lifespan)
+                                timeout_graceful_shutdown=graceful_shutdown_s, lifespan=lifespan,
+                                proxy_headers=False, server_header=False)
 
         class _Server(uvicorn.Server):
             @contextlib.contextmanager
