@@ -35,12 +35,15 @@ def group_of(cmdline: str, pid: int, client_pid: int) -> str:
 def _times() -> dict[int, tuple[str, float]]:
     me = os.getpid()
     out = {}
-    for p in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
+    for p in psutil.process_iter(["pid", "name", "cmdline", "cpu_times"]):
         try:
             t = p.info["cpu_times"]
             if t is None:
                 continue
-            out[p.info["pid"]] = (group_of(" ".join(p.info["cmdline"] or []), p.info["pid"], me), t.user + t.system)
+            # The name too: one run charged the engine core's CPU to "other", so its command line,
+            # as read then, lacked the VLLM:: title that setproctitle also writes into the name.
+            text = " ".join(p.info["cmdline"] or []) + " " + (p.info["name"] or "")
+            out[p.info["pid"]] = (group_of(text, p.info["pid"], me), t.user + t.system)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return out

@@ -76,3 +76,33 @@ def test_the_door_cpu_loop_streams_every_token_on_every_side(tmp_path):
     assert inproc["inproc_cpu_ms_per_1k"] > 0 and inproc["door_cpu_ms_per_1k"] < door["door_cpu_ms_per_1k"]
     assert door["door_cpu_ms_per_1k"] > 0 and direct["door_cpu_ms_per_1k"] < door["door_cpu_ms_per_1k"]
     assert door["haproxy_cpu_ms_per_1k"] < proxied["haproxy_cpu_ms_per_1k"]  # each side's relay measured
+
+
+_NAMED_BY_THE_KERNEL_ONLY = """
+import ctypes, sys, time
+ctypes.CDLL(None).prctl(15, b"VLLM::EngineCor", 0, 0, 0)  # PR_SET_NAME: the name, not the command line
+print("ready", flush=True)
+sys.stdin.readline()
+t = time.process_time()
+while time.process_time() - t < 0.3:
+    pass
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_process_whose_title_is_only_in_its_name_is_still_grouped():
+    """An engine core whose command line lacks its VLLM:: title is still the engine's (a run
+    once charged one to "other")."""
+    child = subprocess.Popen([sys.executable, "-c", _NAMED_BY_THE_KERNEL_ONLY], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        with CpuMeter() as m:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "done"
+        assert m.split.seconds["engine"] >= 0.2, m.split.seconds
+    finally:
+        child.kill()
+        child.wait()
