@@ -35,8 +35,8 @@ from hbmserve.deployments.ingress.door_metrics import Refusals
 from hbmserve.deployments.ingress.front_door_openapi import model_card, model_list, openapi_document
 from hbmserve.deployments.ingress.front_door_queue import ModelAdmission, ask_for
 from hbmserve.deployments.ingress.migration import StreamLedger, resumable, with_token_ids
-from hbmserve.deployments.ingress.relay import (FirstByteTimeout, NotStarted, Refused, _while_connected, end_broken,
-                                                relay, upstream_headers)
+from hbmserve.deployments.ingress.relay import (FirstByteTimeout, NotStarted, Refused, end_broken, relay,
+                                                upstream_headers, while_connected)
 from hbmserve.deployments.ingress.request_body import (EMBEDDINGS, BodyError, BodyLimits, BodyShapeError, Generation,
                                                       read_body, read_generation)
 from hbmserve.deployments.ingress.two_phase import DECODE, TWO_PHASE_PATHS, Phase, TwoPhase
@@ -234,7 +234,7 @@ class FrontDoorApp:
         send = pushing(send, scope)  # a stream's middle goes straight to the socket (relay.py)
         if scope["path"] not in RUN_PATHS:
             route = RouteRequest(ask.prompt_tokens, 0, adapter=adapter_named(body, model))
-            await _while_connected(receive, self._route_and_relay(scope, send, model, raw, route, tenant, tap))
+            await while_connected(receive, self._route_and_relay(scope, send, model, raw, route, tenant, tap))
             return
         gate = self.admission[model]
         if self.dashboard is not None:  # times what the client gets, for the ops dashboard
@@ -255,7 +255,7 @@ class FrontDoorApp:
 
         # A client that leaves cancels both steps: a queued place is given back at once (enter's
         # cancellation), a relayed request is aborted in its engine.
-        await _while_connected(receive, admitted())
+        await while_connected(receive, admitted())
 
     def _route_request(self, path: str, model: str, body: dict[str, Any], ask: Ask) -> tuple[RouteRequest, bool]:
         """The request as the router sees it, and whether its prefix hashes are the engines' own

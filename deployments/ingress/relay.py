@@ -168,7 +168,7 @@ async def end_broken(send, tap: UsageTap, is_sse: bool, message: str) -> None:
     await send({"type": "http.response.body", "body": tap.finish() + (sse_error_event(message) if is_sse else b"")})
 
 
-async def _while_connected(receive, work):
+async def while_connected(receive, work):
     """`work`'s result (a queue's ticket, a relay), unless the client goes away first: then it is
     cancelled (None), which gives back a queued place at once, and closes a relay's upstream
     connection so that the engine aborts the request instead of generating for nobody.

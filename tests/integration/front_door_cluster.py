@@ -1,5 +1,5 @@
 """The cluster tests/integration/test_front_door.py serves: its config, keys and tenants, and the
-long streams its fault tests run through it."""
+long streams its fault tests run through it, and where a replica runs in Ray."""
 
 from __future__ import annotations
 
@@ -66,3 +66,19 @@ def stream_text(url: str, tokens: int, started: Started | None = None) -> tuple[
                     started.replica = r.headers["x-hbmserve-replica"]
                     started.set()
         return text, done, r.headers["x-hbmserve-replica"]
+
+
+def actor_of(replica_id: str):
+    """The Serve replica actor with this replica id (Serve names them APP#DEPLOYMENT#ID)."""
+    import ray
+
+    (name,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(f"#{replica_id}")]
+    return ray.get_actor(name, namespace="serve")
+
+
+def node_of(replica_id: str) -> str:
+    """The node a Serve replica runs on (the x-hbmserve-replica header names the replica only).
+    Ray's state API needs the dashboard, which this cluster leaves out: ask the GCS's actor table."""
+    from ray._private.state import actors
+
+    return actors(actor_of(replica_id)._actor_id.hex())["Address"]["NodeID"]

@@ -22,7 +22,8 @@ import pytest
 from hbmserve.cluster import ray_cluster as rc
 from hbmserve.deployments.replica.sim_protocol import filler_text
 from tests.integration.front_door_cluster import (ADMIN, ADMIN_H, C_TOKENS_PER_MINUTE, KEY_A, KEY_B, KEY_C, KEY_D,
-                                                  PORT, A, Started, keys_text, cluster_spec, stream_text)
+                                                  PORT, A, Started, actor_of, keys_text, cluster_spec,
+                                                  node_of, stream_text)
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[cpu]')")
 
@@ -305,12 +306,6 @@ def test_a_rotated_key_takes_effect_on_every_door_within_10_s(cluster):
     print(f"key rotation: every door refused the old key {time.monotonic() - written:.1f} s after the write")
 
 
-def _actor_of(replica_id: str):
-    """The Serve replica actor with this replica id (Serve names them APP#DEPLOYMENT#ID)."""
-    (name,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(f"#{replica_id}")]
-    return ray.get_actor(name, namespace="serve")
-
-
 def test_front_door_memory_stays_bounded_through_attack_overload_and_fuzzing(cluster):
     grown = {d.own_url: d.rss_mib - cluster["rss_before"][d.own_url] for d in _doors()}
     print(f"front door RSS growth (MiB) after the attack, overload and fuzzing: {grown}")
@@ -320,14 +315,6 @@ def test_front_door_memory_stays_bounded_through_attack_overload_and_fuzzing(clu
 def _routable(door_url: str, model: str) -> int:
     info = httpx.get(f"{door_url}/hbm/info", headers=ADMIN_H, timeout=10).json()
     return next(t["routable"] for t in info["models"] if t["model"] == model)
-
-
-def _node_of(replica_id: str) -> str:
-    """The node a Serve replica runs on (the x-hbmserve-replica header names the replica only).
-    Ray's state API needs the dashboard, which this cluster leaves out: ask the GCS's actor table."""
-    from ray._private.state import actors
-
-    return actors(_actor_of(replica_id)._actor_id.hex())["Address"]["NodeID"]
 
 
 def _migrated(node_id: str | None = None) -> int:
@@ -352,7 +339,7 @@ def test_worker_node_removed_streams_go_on_and_the_service_answers_at_once(clust
         on_victim: set[str] = set()  # the replicas on the node to be removed that streams started on
         deadline = time.monotonic() + 30
         while not on_victim and time.monotonic() < deadline:
-            on_victim = {e.replica for e in started if e.is_set() and _node_of(e.replica) == victim.node_id}
+            on_victim = {e.replica for e in started if e.is_set() and node_of(e.replica) == victim.node_id}
             time.sleep(0.05)
         assert on_victim, f"no stream started on the node to be removed in 30 s: {[e.replica for e in started]}"
         c.remove_node(victim)
@@ -390,7 +377,7 @@ def test_replica_killed_mid_stream_the_stream_goes_on_from_the_other(cluster):
     with ThreadPoolExecutor(1) as pool:
         stream = pool.submit(stream_text, url, 1500, started)
         assert started.wait(30)
-        ray.kill(_actor_of(started.replica), no_restart=False)  # the replica process dies mid-stream
+        ray.kill(actor_of(started.replica), no_restart=False)  # the replica process dies mid-stream
         text, done, _ = stream.result(timeout=120)
     assert text == filler_text(1500) and done
     assert _migrated() - migrated_before == 1

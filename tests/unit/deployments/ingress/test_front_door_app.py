@@ -217,7 +217,7 @@ def test_the_live_front_door_routes_with_the_simulators_choose_unless_told_other
 
 
 def test_a_client_that_goes_away_cancels_its_upstream_request():
-    from hbmserve.deployments.ingress.front_door_app import _while_connected
+    from hbmserve.deployments.ingress.front_door_app import while_connected
 
     async def go():
         cancelled = asyncio.Event()
@@ -235,11 +235,11 @@ def test_a_client_that_goes_away_cancels_its_upstream_request():
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        waiter = asyncio.ensure_future(_while_connected(receive, relay_forever()))
+        waiter = asyncio.ensure_future(while_connected(receive, relay_forever()))
         await asyncio.sleep(0.05)
         gone.set()  # the client hangs up mid-stream
         left = await asyncio.wait_for(waiter, timeout=5)
-        finished = await _while_connected(receive, asyncio.sleep(0, result="done"))  # a finished relay is kept
+        finished = await while_connected(receive, asyncio.sleep(0, result="done"))  # a finished relay is kept
         return cancelled.is_set(), left, finished
 
     cancelled, left, finished = run(go())
