@@ -4,7 +4,7 @@ the floor under the front door's per-chunk CPU, for choosing how to cut it.
 The front door reads every SSE chunk from a replica (aiohttp, over TCP) and writes it to the client
 (uvicorn's ASGI `send`, which frames each one as an HTTP chunk). Here one process streams
 `--streams` x `--chunks` vLLM-sized SSE events and another reads them, and each side's CPU is read
-from /proc (utime + stime) and divided by the chunks. Ways measured, interleaved per round:
+from /proc (its threads' scheduler run time) and divided by the chunks. Ways measured, interleaved per round:
 * `asgi -> aiohttp/tcp`: what the door does on both legs today (uvicorn + ASGI writing; aiohttp
   reading over TCP loopback);
 * `asgi -> aiohttp/unix`: the same over a Unix socket (a door and a replica on one node);
@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from hbmserve.ops.bench.door_cpu import cpu_s
 
 EVENT = (b'data: {"id":"cmpl-0","object":"text_completion","created":0,"model":"m","choices":[{"index":0,'
          b'"text":" token","logprobs":null,"finish_reason":null,"token_ids":[1234]}]}\n\n')
@@ -120,11 +122,6 @@ async def _read(way: str, where: str, streams: int) -> int:
         return sum(await asyncio.gather(*(one() for _ in range(streams))))
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _wait_listening(where: str, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
     import socket
 
@@ -150,9 +147,9 @@ def one_run(way: str, streams: int, chunks: int, port: int, tmp: str) -> dict:
                              str(chunks)])
     try:
         _wait_listening(where, proc)
-        w0, r0, t0 = _cpu_s(proc.pid), time.process_time(), time.monotonic()
+        w0, r0, t0 = cpu_s(proc.pid), time.process_time(), time.monotonic()
         reads = asyncio.run(_read(way, where, streams))
-        w1, r1, wall = _cpu_s(proc.pid), time.process_time(), time.monotonic() - t0
+        w1, r1, wall = cpu_s(proc.pid), time.process_time(), time.monotonic() - t0
     finally:
         proc.kill()
         proc.wait()

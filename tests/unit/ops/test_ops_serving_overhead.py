@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from hbmserve.ops.bench.cpu_split import CpuMeter, CpuSplit, group_of
+from hbmserve.ops.bench.door_cpu import cpu_s
 from hbmserve.ops.bench.serving_overhead import ratios, spread, summarize
 
 
@@ -52,6 +53,25 @@ def test_the_meter_charges_a_busy_process_to_its_group():
         busy.wait()
     assert m.split.seconds["other"] >= 0.2  # the busy loop, alive across the run
     assert CpuSplit({"door": 0.5}).per_1k(2000) == {"door": 0.25}
+
+
+def test_a_few_milliseconds_of_another_process_s_cpu_are_counted_finer_than_a_tick():
+    """door_cpu's reader counts a server's CPU to the nanosecond: 10 ms ticks read a light relay's
+    small run as 0, or as a whole tick (HAProxy's read 0 once and failed CI)."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time\nprint(flush=True)\nsys.stdin.readline()\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.003: pass\nprint(flush=True)\nsys.stdin.readline()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        child.stdout.readline()  # started: its start-up is not counted
+        before = cpu_s(child.pid)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        child.stdout.readline()  # the 3 ms burnt
+        used = cpu_s(child.pid) - before
+    finally:
+        child.kill()
+        child.wait()
+    assert 0.003 <= used < 0.0095  # no multiple of a 10 ms tick
 
 
 def test_the_door_cpu_loop_streams_every_token_on_every_side(tmp_path):
