@@ -10,42 +10,62 @@ From the 1-token runs (one piece a request, `--tokens 1` must be among them) and
 it splits the door's CPU per request into fixed (idle cores / requests a second), per request
 and per piece, as docs/benchmarks.md reports it.
 
+`--trace PATH` adds rounds shaped like real traffic: each request asks for the next output length of
+the trace (capped at `--cap`, so that a reply fits the model's context), and the report is CPU per
+1,000 output tokens. Short outputs cost the door more per token than the engine, long ones less, so
+the door's share of the engine's CPU on real traffic depends on the mix. The trace's prompts are
+not replayed (the same short prompt each time: the engine's prefill, which would only lower the
+door's share, stays small) and neither is its timing (`--concurrency` clients back to back).
+
     python -m hbmserve.ops.bench.door_split --tokens 1 32 --rounds 2 --seconds 20
+    python -m hbmserve.ops.bench.door_split --tokens 1 32 --trace ../shared/data/traces/azure_llm_2023_conv.csv
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from hbmserve.ops.bench.cpu_split import CpuMeter
 
 
-async def stream_for(url: str, model: str, seconds: float, tokens: int, concurrency: int) -> int:
-    """Completed N-token streams in `seconds`, `concurrency` at a time."""
+async def stream_for(url: str, model: str, seconds: float, tokens: int | Iterator[int], concurrency: int) -> tuple[int, int]:
+    """Completed streams in `seconds`, `concurrency` at a time, and the tokens they carried: each of
+    `tokens` tokens, or of the next length `tokens` yields."""
     import aiohttp
 
-    body = {"model": model, "prompt": "hello " * 60, "max_tokens": tokens, "stream": True, "ignore_eos": True}
+    lengths = itertools.repeat(tokens) if isinstance(tokens, int) else tokens
     end = time.monotonic() + seconds
-    done = 0
+    done = carried = 0
 
     async def client(session) -> None:
-        nonlocal done
+        nonlocal done, carried
         while time.monotonic() < end:
+            n = next(lengths)
+            body = {"model": model, "prompt": "hello " * 60, "max_tokens": n, "stream": True, "ignore_eos": True}
             async with session.post(f"{url}/v1/completions", json=body) as r:
                 if r.status != 200:
                     raise RuntimeError(f"{r.status}: {await r.text()}")
                 async for _ in r.content:
                     pass
-            done += 1
+            done, carried = done + 1, carried + n
 
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
-    return done
+    return done, carried
+
+
+def trace_lengths(path: Path, cap: int) -> list[int]:
+    """The trace's output lengths in its order, each capped."""
+    from hbmserve.capacity.traces.arrivals import read_trace
+
+    return [min(int(n), cap) for n in read_trace(path).output.tolist()]
 
 
 def measure(args) -> dict:
@@ -57,12 +77,31 @@ def measure(args) -> dict:
         for r in range(args.rounds):
             with CpuMeter() as m:
                 t0 = time.monotonic()
-                n = asyncio.run(stream_for(args.url, args.model, args.seconds, tokens, args.concurrency))
+                n, _ = asyncio.run(stream_for(args.url, args.model, args.seconds, tokens, args.concurrency))
                 wall = time.monotonic() - t0
             per = {g: round(1e3 * s / max(n, 1), 3) for g, s in m.split.seconds.items()}  # ms a request
-            out["runs"].append({"tokens": tokens, "round": r, "requests_per_s": round(n / wall, 1), "ms_per_request": per})
+            out["runs"].append({"tokens": tokens, "round": r, "requests_per_s": round(n / wall, 1), "ms_per_request": per,
+                                "door_per_engine": _share(per)})
             print(json.dumps(out["runs"][-1]), flush=True)
+    if args.trace is not None:
+        lengths = itertools.cycle(trace_lengths(args.trace, args.cap))  # every round goes on where the last stopped
+        asyncio.run(stream_for(args.url, args.model, 5.0, lengths, args.concurrency))
+        out["trace"] = []
+        for r in range(args.rounds):
+            with CpuMeter() as m:
+                t0 = time.monotonic()
+                n, carried = asyncio.run(stream_for(args.url, args.model, args.seconds, lengths, args.concurrency))
+                wall = time.monotonic() - t0
+            per = m.split.per_1k(carried)  # CPU-seconds per 1,000 output tokens
+            out["trace"].append({"round": r, "requests": n, "tokens": carried, "tokens_per_s": round(carried / wall, 1),
+                                 "cpu_s_per_1k_tokens": per, "door_per_engine": _share(per)})
+            print(json.dumps(out["trace"][-1]), flush=True)
     return out
+
+
+def _share(per: dict[str, float]) -> float | None:
+    """The door's CPU as a share of the engine's (issue 22's target: at most 0.10)."""
+    return round(per["door"] / per["engine"], 3) if per.get("engine") else None
 
 
 def split(out: dict) -> dict | None:
@@ -95,14 +134,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--idle", type=float, default=20.0)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--trace", type=Path, help="also rounds with this trace's output lengths (CSV or JSONL trace)")
+    ap.add_argument("--cap", type=int, default=800, help="the most tokens a trace's request asks for")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     out = measure(args)
     out["split"] = split(out)
     print(f"idle door: {100 * out['idle_door_cores']:.1f}% of a core; split: {out['split']}")
+    if out.get("trace"):
+        print(f"door / engine on the trace's outputs, per round: {[r['door_per_engine'] for r in out['trace']]}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, **out}, indent=1))
+        args.out.write_text(json.dumps({"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, **out}, indent=1))
 
 
 if __name__ == "__main__":
