@@ -24,12 +24,17 @@ the replica (bare: vLLM's API server), the engine core, Ray's daemons and the cl
     python -m hbmserve.ops.bench.serving_overhead --rounds 5 --prompts 400 --concurrency 1 16 64 \
         --out out/serving_overhead.json
     python -m hbmserve.ops.bench.serving_overhead --rounds 5 --prompts 400 --output-len 512 ...
+    python -m hbmserve.ops.bench.serving_overhead --trace ../shared/data/traces/azure_llm_2023_conv.csv ...
+
+`--trace` takes each request's output length from a trace, capped at `--cap` (a config whose
+max_model_len holds a short prompt and the cap), for a mix of lengths as real traffic has.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import statistics
@@ -72,8 +77,20 @@ def wait_ready(url: str, timeout_s: float, proc: subprocess.Popen | None = None)
     raise TimeoutError(f"{url} not ready after {timeout_s} s")
 
 
+def trace_dataset(trace: Path, cap: int, out: Path) -> Path:
+    """vLLM's custom benchmark dataset (JSONL: prompt, output_tokens) with a trace's output
+    lengths, each capped so that a reply fits the context. The prompt is the same short text for
+    every request: the trace's prompts (about 1,150 tokens) do not fit the tiny model."""
+    from hbmserve.ops.bench.door_split import trace_lengths
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps({"prompt": "hello " * 60, "output_tokens": n}) + "\n"
+                           for n in trace_lengths(trace, cap)))
+    return out
+
+
 def run_vllm_bench(url: str, model: str, tokenizer: str, concurrency: int, prompts: int,
-                   output_len: int = 32, headers: tuple[str, ...] = ()) -> dict:
+                   output_len: int = 32, headers: tuple[str, ...] = (), dataset: Path | None = None) -> dict:
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -81,8 +98,12 @@ def run_vllm_bench(url: str, model: str, tokenizer: str, concurrency: int, promp
     add_cli_args(parser)
     args = parser.parse_args([
         "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
-        "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
-        "--random-input-len", "64", "--random-output-len", str(output_len), "--ignore-eos",
+        "--model", model, "--tokenizer", tokenizer,
+        *(["--dataset-name", "random", "--random-input-len", "64", "--random-output-len", str(output_len)]
+          if dataset is None else  # each request its own output length
+          ["--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", "-1",
+           "--skip-chat-template"]),
+        "--ignore-eos",
         "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
         "--disable-tqdm", "--seed", "0", "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,95",
         *(["--header", *headers] if headers else []),
@@ -169,6 +190,7 @@ class Load:
     concurrencies: tuple[int, ...]
     prompts: int
     output_len: int
+    dataset: Path | None = None  # trace_dataset's: each request's output length from a trace
 
 
 def measure(url: str, model, load: Load, headers: tuple[str, ...] = ()) -> dict[int, dict]:
@@ -176,9 +198,9 @@ def measure(url: str, model, load: Load, headers: tuple[str, ...] = ()) -> dict[
     out = {}
     for c in load.concurrencies:
         warm_up = max(WARMUP_PROMPTS, load.prompts)
-        run_vllm_bench(url, model.name, model.source, c, warm_up, load.output_len, headers)  # discarded
+        run_vllm_bench(url, model.name, model.source, c, warm_up, load.output_len, headers, load.dataset)  # discarded
         with CpuMeter() as meter:
-            got = run_vllm_bench(url, model.name, model.source, c, load.prompts, load.output_len, headers)
+            got = run_vllm_bench(url, model.name, model.source, c, load.prompts, load.output_len, headers, load.dataset)
         out[c] = {**got, "cpu_s_per_1k_tokens": meter.split.per_1k(got["output_tokens"])}
     return out
 
@@ -307,6 +329,8 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=400)
     p.add_argument("--concurrency", type=int, nargs="+", default=[16])
     p.add_argument("--output-len", type=int, default=32, help="output tokens per request (512: the per-chunk cost)")
+    p.add_argument("--trace", type=Path, help="each request's output length from this trace (CSV or JSONL)")
+    p.add_argument("--cap", type=int, default=800, help="the most output tokens a trace's request asks for")
     p.add_argument("--out", default="out/serving_overhead.json")
     p.add_argument("--bare-env", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra environment for the bare server, e.g. OMP_NUM_THREADS=1")
@@ -314,12 +338,16 @@ def main() -> None:
     p.add_argument("--haproxy-no-delay", action="store_true", help="HAProxy with `option http-no-delay`")
     a = p.parse_args()
     sides = tuple(s for s in SIDES if s in {"bare", *a.sides})
-    load = Load(tuple(a.concurrency), a.prompts, a.output_len)
+    if a.trace and importlib.util.find_spec("pandas") is None:
+        p.error("--trace needs pandas (vLLM's custom dataset reads its JSONL with it): pip install -e '.[bench]'")
+    dataset = trace_dataset(a.trace, a.cap, Path(a.out).with_suffix(".dataset.jsonl")) if a.trace else None
+    load = Load(tuple(a.concurrency), a.prompts, a.output_len, dataset)
     bare_env = dict(kv.split("=", 1) for kv in a.bare_env)
     spec = load_cluster_spec(a.config)
     rounds = []
     meta = {"bare_env": bare_env, "sides": sides, "haproxy_no_delay": a.haproxy_no_delay,
-            "concurrency": load.concurrencies, "prompts": a.prompts, "output_len": a.output_len}
+            "concurrency": load.concurrencies, "prompts": a.prompts, "output_len": a.output_len,
+            "trace": str(a.trace) if a.trace else None, "cap": a.cap}
     for r in range(a.rounds):
         rounds.append(bench_round(a.config, spec, load, bare_env, sides, a.haproxy_no_delay, flip=r % 2 == 1))
         done = rounds[-1]

@@ -126,3 +126,15 @@ def test_a_process_whose_title_is_only_in_its_name_is_still_grouped():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_trace_becomes_vllm_s_custom_dataset_with_its_output_lengths_capped(tmp_path):
+    import json
+
+    from hbmserve.ops.bench.serving_overhead import trace_dataset
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,900,44\n1.0,1200,1500\n")
+    rows = [json.loads(line) for line in trace_dataset(trace, 800, tmp_path / "d" / "set.jsonl").read_text().splitlines()]
+    assert [r["output_tokens"] for r in rows] == [44, 800]
+    assert all(isinstance(r["prompt"], str) and r["prompt"] for r in rows)
