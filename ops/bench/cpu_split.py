@@ -34,8 +34,8 @@ def group_of(cmdline: str, pid: int, client_pid: int) -> str:
 
 def _times() -> dict[int, tuple[str, float]]:
     me = os.getpid()
-    out = {}
-    for p in psutil.process_iter(["pid", "name", "cmdline", "cpu_times"]):
+    out, parent = {}, {}
+    for p in psutil.process_iter(["pid", "ppid", "name", "cmdline", "cpu_times"]):
         try:
             t = p.info["cpu_times"]
             if t is None:
@@ -44,8 +44,14 @@ def _times() -> dict[int, tuple[str, float]]:
             # as read then, lacked the VLLM:: title that setproctitle also writes into the name.
             text = " ".join(p.info["cmdline"] or []) + " " + (p.info["name"] or "")
             out[p.info["pid"]] = (group_of(text, p.info["pid"], me), t.user + t.system)
+            parent[p.info["pid"]] = p.info["ppid"]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+    # A process the replica started is its engine core, whatever it is called: a later run still
+    # charged the engine to "other", with neither its name nor its command line read as vLLM's.
+    for pid, (group, t) in out.items():
+        if group == "other" and out.get(parent[pid], ("",))[0] == "replica":
+            out[pid] = ("engine", t)
     return out
 
 

@@ -138,3 +138,19 @@ def test_a_trace_becomes_vllm_s_custom_dataset_with_its_output_lengths_capped(tm
     rows = [json.loads(line) for line in trace_dataset(trace, 800, tmp_path / "d" / "set.jsonl").read_text().splitlines()]
     assert [r["output_tokens"] for r in rows] == [44, 800]
     assert all(isinstance(r["prompt"], str) and r["prompt"] for r in rows)
+
+
+def test_a_process_the_replica_started_is_charged_to_the_engine_whatever_it_is_called():
+    """vLLM's engine core is a child of the replica process; one run read it under neither its
+    title nor its command line, and the meter charged it to "other"."""
+    replica = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
+                                "c = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+                                "print(c.pid, flush=True)\nsys.stdin.readline()\nc.kill()\nc.wait()",
+                                "ServeReplica:tiny:engine"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        replica.stdout.readline()  # its busy child runs
+        with CpuMeter() as m:
+            subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5)"], check=True)
+    finally:
+        replica.communicate("stop\n", timeout=10)
+    assert m.split.seconds["engine"] >= 0.2  # nothing else here is an engine: without the rule, 0
