@@ -35,7 +35,8 @@ from pathlib import Path
 from hbmserve.ops.bench.cpu_split import CpuMeter
 
 
-async def stream_for(url: str, model: str, seconds: float, tokens: int | Iterator[int], concurrency: int) -> tuple[int, int]:
+async def stream_for(url: str, model: str, seconds: float, tokens: int | Iterator[int],
+                     concurrency: int) -> tuple[int, int]:
     """Completed streams in `seconds`, `concurrency` at a time, and the tokens they carried: each of
     `tokens` tokens, or of the next length `tokens` yields."""
     import aiohttp
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"door / engine on the trace's outputs, per round: {[r['door_per_engine'] for r in out['trace']]}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, **out}, indent=1))
+        given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        args.out.write_text(json.dumps({"args": given, **out}, indent=1))
 
 
 if __name__ == "__main__":
