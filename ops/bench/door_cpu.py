@@ -42,27 +42,11 @@ import time
 from pathlib import Path
 
 from hbmserve.deployments.wire.http import INTERNAL_TOKEN_HEADER
+from hbmserve.ops.bench.cpu_split import cpu_s
 
 MODEL = {"name": "sim", "source": "simulated", "engine": "sim", "replicas": 1,
          "sim": {"gpu": "h100-sxm", "model_config_name": "llama-3.1-8b", "speedup": 4.0},
          "engine_settings": {"max_model_len": 4096, "max_num_seqs": 64}}
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds a process has used, to the nanosecond: its threads' run time as the scheduler
-    counts it (/proc/PID/task/*/schedstat). /proc/PID/stat's utime + stime count 10 ms ticks, and
-    HAProxy relaying a small run read 0 there, once, and failed CI's check that it did any work.
-    Every server measured here keeps its threads for the run, so none's time leaves with it."""
-    total = 0
-    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-        try:
-            total += int(stat.read_text().split()[0])
-        except (OSError, IndexError, ValueError):  # a thread that ended between the listing and the read
-            continue
-    if total:
-        return total / 1e9
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # no schedstat: ticks
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _child(role: str, arg: str) -> subprocess.Popen:

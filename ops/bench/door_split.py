@@ -76,10 +76,7 @@ def measure(args) -> dict:
     for tokens in args.tokens:
         asyncio.run(stream_for(args.url, args.model, 5.0, tokens, args.concurrency))
         for r in range(args.rounds):
-            with CpuMeter() as m:
-                t0 = time.monotonic()
-                n, _ = asyncio.run(stream_for(args.url, args.model, args.seconds, tokens, args.concurrency))
-                wall = time.monotonic() - t0
+            m, n, _, wall = _timed(args, tokens)
             per = {g: round(1e3 * s / max(n, 1), 3) for g, s in m.split.seconds.items()}  # ms a request
             out["runs"].append({"tokens": tokens, "round": r, "requests_per_s": round(n / wall, 1), "ms_per_request": per,
                                 "door_per_engine": _share(per)})
@@ -89,15 +86,21 @@ def measure(args) -> dict:
         asyncio.run(stream_for(args.url, args.model, 5.0, lengths, args.concurrency))
         out["trace"] = []
         for r in range(args.rounds):
-            with CpuMeter() as m:
-                t0 = time.monotonic()
-                n, carried = asyncio.run(stream_for(args.url, args.model, args.seconds, lengths, args.concurrency))
-                wall = time.monotonic() - t0
+            m, n, carried, wall = _timed(args, lengths)
             per = m.split.per_1k(carried)  # CPU-seconds per 1,000 output tokens
             out["trace"].append({"round": r, "requests": n, "tokens": carried, "tokens_per_s": round(carried / wall, 1),
                                  "cpu_s_per_1k_tokens": per, "door_per_engine": _share(per)})
             print(json.dumps(out["trace"][-1]), flush=True)
     return out
+
+
+def _timed(args, tokens: int | Iterator[int]) -> tuple[CpuMeter, int, int, float]:
+    """One measured run: the CPU meter, the streams and tokens completed, and the wall time."""
+    with CpuMeter() as m:
+        t0 = time.monotonic()
+        n, carried = asyncio.run(stream_for(args.url, args.model, args.seconds, tokens, args.concurrency))
+        wall = time.monotonic() - t0
+    return m, n, carried, wall
 
 
 def _share(per: dict[str, float]) -> float | None:

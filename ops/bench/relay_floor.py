@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hbmserve.ops.bench.door_cpu import cpu_s
+from hbmserve.ops.bench.cpu_split import cpu_s
 
 EVENT = (b'data: {"id":"cmpl-0","object":"text_completion","created":0,"model":"m","choices":[{"index":0,'
          b'"text":" token","logprobs":null,"finish_reason":null,"token_ids":[1234]}]}\n\n')

@@ -7,8 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from hbmserve.ops.bench.cpu_split import CpuMeter, CpuSplit, group_of
-from hbmserve.ops.bench.door_cpu import cpu_s
+from hbmserve.ops.bench.cpu_split import CpuMeter, CpuSplit, cpu_s, group_of
 from hbmserve.ops.bench.serving_overhead import ratios, spread, summarize
 
 
